@@ -1,0 +1,22 @@
+# The two commands of the README. Each one sets up .venv (Python 3.12 + the pinned set) when needed.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint setup
+
+setup:
+	@scripts/setup_env.sh $(VENV)
+
+## Main job on the embedded default: a tiny noisy GPT trained for a few steps on the shipped corpus.
+demo: setup
+	$(PY) -m nemo_noise_plugin $(ARGS)
+
+## Lint, then the whole test suite (CPU; GPU tests are skipped without CUDA).
+test: setup
+	$(PY) -m ruff check nemo_noise_plugin tests
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check nemo_noise_plugin tests
+	$(PY) -m ruff format --check nemo_noise_plugin tests

@@ -1,0 +1,123 @@
+"""The noisy model: Megatron-Core GPT models that add embedding noise to the first stage's decoder input.
+
+Noise goes in ``_preprocess``, the one method that both ``GPTModel.forward`` and the fine-grained schedule plan's
+``PreProcessNode`` call to produce the decoder input, already in its final ``[s/(cp*tp if SP), b, h]`` layout. It is
+therefore applied exactly once per forward, never to multi-token-prediction embeddings (which call the embedding
+directly), never to a caller-supplied ``decoder_input`` and never on stages without ``pre_process``.
+The noise layer holds no parameters or buffers: a noisy model's state dict has exactly a plain model's keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.utils import WrappedTensor, unwrap_model
+
+from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
+
+__all__ = ["NoiseInjectionMixin", "NoisyGPTModel", "make_noisy"]
+
+
+class NoiseInjectionMixin:
+    """Adds ``EmbeddingNoise`` to a Megatron-Core language model through its ``_preprocess`` method.
+
+    Mix in before the model class (``class Noisy(NoiseInjectionMixin, GPTModel)``) and call ``_init_noise`` after
+    the model is built. ``noise_step`` counts noised forwards and selects the random stream of each one.
+    """
+
+    noise_config: NoiseConfig
+    noise_layer: EmbeddingNoise
+    noise_step: int
+
+    def _init_noise(self, noise_config: NoiseConfig) -> None:
+        if not isinstance(noise_config, NoiseConfig):
+            raise TypeError(f"noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
+        self.noise_config = noise_config
+        self.noise_layer = EmbeddingNoise(
+            noise_config,
+            sequence_parallel=bool(self.config.sequence_parallel),
+            pg_collection=getattr(self, "pg_collection", None),
+        )
+        self.noise_step = 0
+        self._noise_loss_mask: torch.Tensor | None = None
+
+    @property
+    def noise_active(self) -> bool:
+        """Whether the next forward adds noise (enabled, non-zero, and training unless ``training_only=False``)."""
+        config = self.noise_config
+        return config.is_active_configuration and (self.training or not config.training_only)
+
+    @contextlib.contextmanager
+    def noise_batch_inputs(self, loss_mask: torch.Tensor | None) -> Iterator[None]:
+        """Make ``loss_mask`` visible to ``_preprocess`` (which Megatron calls without it) for one forward."""
+        previous = self._noise_loss_mask
+        self._noise_loss_mask = loss_mask
+        try:
+            yield
+        finally:
+            self._noise_loss_mask = previous
+
+    def forward(self, *args: Any, loss_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """The base model's forward, with the loss mask made available to the noise layer."""
+        with self.noise_batch_inputs(loss_mask):
+            return super().forward(*args, loss_mask=loss_mask, **kwargs)
+
+    def _preprocess(self, input_ids: torch.Tensor, position_ids: torch.Tensor, decoder_input=None, **kwargs):
+        """The base ``_preprocess``, with noise added to the embedding output it returns."""
+        caller_supplied_input = decoder_input is not None
+        output = super()._preprocess(input_ids=input_ids, position_ids=position_ids, decoder_input=decoder_input, **kwargs)
+        if caller_supplied_input or not self.pre_process or not self.noise_active:
+            return output
+        embedded = output[0]
+        wrapped = isinstance(embedded, WrappedTensor)
+        if wrapped:
+            embedded = embedded.unwrap()
+        batch = NoiseBatchInputs(loss_mask=self._noise_loss_mask, padding_mask=kwargs.get("padding_mask"))
+        noised = self.noise_layer(embedded, batch, self.noise_step)
+        self.noise_step += 1
+        return (WrappedTensor(noised) if wrapped else noised, *output[1:])
+
+
+class NoisyGPTModel(NoiseInjectionMixin, GPTModel):
+    """A Megatron-Core ``GPTModel`` whose first pipeline stage adds embedding noise to its decoder input.
+
+    Takes ``GPTModel``'s arguments plus ``noise_config``; its state dict and checkpoints are a ``GPTModel``'s.
+    """
+
+    def __init__(self, *args: Any, noise_config: NoiseConfig | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_noise(noise_config if noise_config is not None else NoiseConfig())
+
+
+@functools.cache
+def _noisy_class_for(model_class: type) -> type:
+    if model_class is GPTModel:
+        return NoisyGPTModel
+    return type(f"Noisy{model_class.__name__}", (NoiseInjectionMixin, model_class), {"__module__": __name__})
+
+
+def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig) -> torch.nn.Module:
+    """Make an already built Megatron-Core GPT model noisy, in place, and return the (unwrapped) model.
+
+    Accepts a ``GPTModel`` (or subclass) or one wrapped in DDP/FSDP/``Float16Module``. Only this instance's class
+    changes (to a subclass adding ``NoiseInjectionMixin``); parameters, buffers and state-dict keys are untouched.
+    A model that is already noisy just takes the new config.
+    """
+    inner = unwrap_model(model)
+    if isinstance(inner, NoiseInjectionMixin):
+        inner._init_noise(noise_config)
+        return inner
+    if not isinstance(inner, GPTModel):
+        raise TypeError(
+            f"make_noisy expects a megatron.core GPTModel (or one wrapped in DDP/Float16Module), "
+            f"got {type(inner).__name__}."
+        )
+    inner.__class__ = _noisy_class_for(type(inner))
+    inner._init_noise(noise_config)
+    return inner

@@ -1,0 +1,65 @@
+"""The CPU substitutes: every replacement of a CUDA-only piece that tests and the CPU main job need.
+
+Megatron-Core assumes a GPU in a few places that have no CPU counterpart. Each substitute below stands in for one
+such piece and nothing else; ``CPU_SUBSTITUTES`` names them all, and the README lists them. They are installed
+only by an explicit ``install_cpu_substitutes()`` call (tests, the CPU main job, which announces it), never on
+import and never by the shipped package's own code paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+CPU_SUBSTITUTES: dict[str, str] = {
+    "torch.cuda.current_device": "returns 'cpu', so Megatron's GlobalMemoryBuffer and similar allocations land on "
+    "the CPU through Megatron's own code",
+    "megatron.core.tensor_parallel.random CUDA RNG tracker": "CpuRNGStatesTracker keeps named CPU generator states "
+    "and forks the CPU RNG instead of the CUDA one",
+}
+
+_installed = False
+
+
+class _CpuTrackerMixin:
+    """CUDA RNG tracker semantics (named states, ``fork`` swaps the active state) on the CPU generator."""
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        self.seeds_.add(seed)
+        if name in self.states_:
+            raise Exception(f"cuda rng state {name} already exists")
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        if name not in self.states_:
+            raise Exception(f"cuda rng state {name} is not added")
+        original = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(original)
+
+
+def install_cpu_substitutes() -> None:
+    """Install the CPU substitutes (idempotent). Only for machines without CUDA."""
+    global _installed
+    if _installed:
+        return
+    if torch.cuda.is_available():
+        raise RuntimeError("install_cpu_substitutes() is for machines without CUDA; this one has a GPU.")
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+
+    base = megatron_random.CudaRNGStatesTracker
+    tracker_class = type("CpuRNGStatesTracker", (_CpuTrackerMixin, base), {})
+    megatron_random._CUDA_RNG_STATE_TRACKER = tracker_class()
+    megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _installed = True
