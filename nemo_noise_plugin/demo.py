@@ -80,15 +80,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parameters = sum(p.numel() for p in model.parameters())
         print(f"model: {parameters / 1e3:.0f}k parameters, byte vocabulary; corpus: {corpus.numel()} tokens")
         print(f"noise: {noise}")
-        print(f"{'step':>4} {'train loss':>10} {'clean loss':>10} {'noisy loss':>10} {'noise cost':>10} {'tokens/s':>9}")
+        print(
+            f"{'step':>4} {'train loss':>10} {'clean loss':>10} {'noisy loss':>10} {'noise cost':>10} {'tokens/s':>9}"
+        )
         for step in range(1, args.steps + 1):
             batch = sample_padded_batch(corpus, args.batch_size, args.seq_length, generator, args.seq_length // 4)
             started = time.perf_counter()
             model.train()
             optimizer.zero_grad(set_to_none=True)
-            per_token = model(
-                batch.tokens, batch.position_ids, mask, labels=batch.labels, loss_mask=batch.loss_mask
-            )
+            per_token = model(batch.tokens, batch.position_ids, mask, labels=batch.labels, loss_mask=batch.loss_mask)
             loss = masked_mean(per_token, batch.loss_mask)
             loss.backward()
             optimizer.step()

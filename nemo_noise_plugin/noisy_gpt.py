@@ -71,7 +71,9 @@ class NoiseInjectionMixin:
     def _preprocess(self, input_ids: torch.Tensor, position_ids: torch.Tensor, decoder_input=None, **kwargs):
         """The base ``_preprocess``, with noise added to the embedding output it returns."""
         caller_supplied_input = decoder_input is not None
-        output = super()._preprocess(input_ids=input_ids, position_ids=position_ids, decoder_input=decoder_input, **kwargs)
+        output = super()._preprocess(
+            input_ids=input_ids, position_ids=position_ids, decoder_input=decoder_input, **kwargs
+        )
         if caller_supplied_input or not self.pre_process or not self.noise_active:
             return output
         embedded = output[0]

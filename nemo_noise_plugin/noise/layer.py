@@ -51,7 +51,13 @@ class EmbeddingNoise:
     def stream_seed(self, step: int) -> int:
         """The 64-bit generator seed for ``step`` on this rank (numpy ``SeedSequence`` mixing)."""
         tp_rank = _group_rank(self._group("tp")) if self.sequence_parallel else 0
-        words = [self.config.seed, step, _group_rank(self._group("dp")), _group_rank(self._group("cp")), tp_rank]
+        words = [
+            self.config.seed,
+            step,
+            _group_rank(self._group("dp")),
+            _group_rank(self._group("cp")),
+            tp_rank,
+        ]
         return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
     def global_sequence_length(self, decoder_input: torch.Tensor) -> int:
@@ -68,9 +74,7 @@ class EmbeddingNoise:
         if batch.padding_mask is not None:
             return lengths_from_padding_mask(batch.padding_mask, self._group("cp")).to(decoder_input.device)
         if batch.loss_mask is not None:
-            return lengths_from_loss_mask(batch.loss_mask, global_length, self._group("cp")).to(
-                decoder_input.device
-            )
+            return lengths_from_loss_mask(batch.loss_mask, global_length, self._group("cp")).to(decoder_input.device)
         raise ValueError(
             "NoiseConfig.scaling='true_length' needs the batch's loss_mask or padding_mask to find each "
             "sequence's length, and the forward call passed neither. Pass loss_mask= to the model's forward, "
