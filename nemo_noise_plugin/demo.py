@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from nemo_noise_plugin.corpus import BYTE_VOCAB_SIZE, load_corpus_tokens, sample_padded_batch
-from nemo_noise_plugin.noise.config import MECHANISMS, SCALINGS, NoiseConfig
+from nemo_noise_plugin.noise.config import MECHANISMS, SCALINGS, NoiseConfig, load_noise_config
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -23,10 +23,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-length", type=int, default=64)
-    parser.add_argument("--mechanism", choices=MECHANISMS, default="uniform")
-    parser.add_argument("--alpha", type=float, default=10.0, help="NEFTune alpha (uniform noise)")
-    parser.add_argument("--sigma", type=float, default=1.0, help="gaussian noise multiplier")
-    parser.add_argument("--scaling", choices=SCALINGS, default="true_length")
+    parser.add_argument("--noise-config", help="YAML of NoiseConfig fields, e.g. configs/noise/gaussian.yaml")
+    parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
+    parser.add_argument("--alpha", type=float, help="NEFTune alpha of uniform noise (default 10)")
+    parser.add_argument("--sigma", type=float, help="gaussian noise multiplier")
+    parser.add_argument("--scaling", choices=SCALINGS, help="overrides the config (default true_length)")
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
@@ -38,6 +39,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
+    """The noise settings: the embedded default (NEFTune alpha 10) or a YAML preset, then the flags given."""
+    flags = {name: getattr(args, name) for name in ("mechanism", "alpha", "sigma", "scaling")}
+    overrides = {name: value for name, value in flags.items() if value is not None}
+    overrides["seed"] = args.seed
+    if args.noise_config:
+        return load_noise_config(args.noise_config, **overrides)
+    return NoiseConfig(**{"alpha": 10.0, **overrides})
+
+
 def masked_mean(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
     return (per_token_loss * loss_mask).sum() / loss_mask.sum().clamp_min(1.0)
 
@@ -45,10 +56,8 @@ def masked_mean(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        noise = NoiseConfig(
-            mechanism=args.mechanism, alpha=args.alpha, sigma=args.sigma, scaling=args.scaling, seed=args.seed
-        )
-    except ValueError as error:
+        noise = build_noise_config(args)
+    except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -30,3 +30,9 @@ def test_main_job_rejects_bad_noise_settings_with_the_field_name():
     result = _run_demo("--alpha", "-1")
     assert result.returncode == 2
     assert "NoiseConfig.alpha=-1.0 is invalid: expected a finite number >= 0." in result.stderr
+
+
+def test_main_job_takes_a_yaml_preset_and_flag_overrides():
+    result = _run_demo("--steps", "1", "--noise-config", "configs/noise/gaussian.yaml", "--sigma", "3")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mechanism='gaussian'" in result.stdout and "sigma=3.0" in result.stdout

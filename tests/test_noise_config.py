@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import pathlib
 
 import pytest
 
-from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
 
 
 def test_defaults_are_neftune_with_true_length_scaling():
@@ -47,3 +48,33 @@ def test_bad_values_name_the_field_the_value_and_what_is_allowed(field, value, a
     message = str(error.value)
     assert f"NoiseConfig.{field}={value!r}" in message
     assert allowed in message
+
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "noise"
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_noise_preset_loads_and_validates(path):
+    config = load_noise_config(path)
+    assert isinstance(config, NoiseConfig)
+
+
+def test_presets_hold_the_documented_values():
+    assert load_noise_config(CONFIGS / "neftune_alpha15.yaml").alpha == 15.0
+    assert load_noise_config(CONFIGS / "neftune_alpha5_hf_compatible.yaml").scaling == "padded_length"
+    assert load_noise_config(CONFIGS / "gaussian.yaml", sigma=2.0).sigma == 2.0
+    assert not load_noise_config(CONFIGS / "off.yaml").enabled
+
+
+def test_unknown_keys_in_a_yaml_preset_are_named(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("mechanism: uniform\nalpah: 5\n")
+    with pytest.raises(ValueError, match=r"unknown NoiseConfig field\(s\) alpah; allowed: enabled, mechanism"):
+        load_noise_config(path)
+
+
+def test_bad_values_in_a_yaml_preset_name_the_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("mechanism: laplace\n")
+    with pytest.raises(ValueError, match="NoiseConfig.mechanism='laplace' is invalid"):
+        load_noise_config(path)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 NoiseMechanism = Literal["uniform", "gaussian"]
 NoiseScaling = Literal["true_length", "padded_length", "absolute"]
@@ -74,3 +76,19 @@ def _check_bool(name: str, value: object) -> None:
 def _check_non_negative(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected a finite number >= 0.")
+
+
+def load_noise_config(path: str | os.PathLike[str], **overrides: Any) -> NoiseConfig:
+    """Read a ``NoiseConfig`` from a YAML file of its fields (e.g. ``configs/noise/*.yaml``), then apply overrides."""
+    import yaml
+
+    with open(path) as handle:
+        values = yaml.safe_load(handle) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of NoiseConfig fields, got {type(values).__name__}.")
+    allowed = [field.name for field in dataclasses.fields(NoiseConfig)]
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ValueError(f"{path}: unknown NoiseConfig field(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}.")
+    values.update(overrides)
+    return NoiseConfig(**values)
