@@ -57,7 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         noise = build_noise_config(args)
-    except (OSError, ValueError) as error:
+    except OSError as error:
+        print(f"error: --noise-config {args.noise_config!r} cannot be read: {error.strerror}", file=sys.stderr)
+        return 2
+    except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

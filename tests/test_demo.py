@@ -36,3 +36,9 @@ def test_main_job_takes_a_yaml_preset_and_flag_overrides():
     result = _run_demo("--steps", "1", "--noise-config", "configs/noise/gaussian.yaml", "--sigma", "3")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mechanism='gaussian'" in result.stdout and "sigma=3.0" in result.stdout
+
+
+def test_main_job_names_an_unreadable_preset():
+    result = _run_demo("--noise-config", "configs/noise/missing.yaml")
+    assert result.returncode == 2
+    assert "--noise-config 'configs/noise/missing.yaml' cannot be read: No such file or directory" in result.stderr
