@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import pathlib
 import subprocess
@@ -25,15 +24,25 @@ def _run(script: str) -> subprocess.CompletedProcess:
 
 
 def _expected_substitutions() -> list[str]:
+    """What is missing here, probed in a fresh interpreter (this one may already hold substitutes)."""
+    probe = _run(
+        """
+        import importlib.util, json
+        def missing(name):
+            try:
+                return importlib.util.find_spec(name) is None
+            except ImportError:
+                return True
+        print(json.dumps({name: missing(name) for name in
+                          ["transformer_engine", "nvidia_resiliency_ext", "nvidia_resiliency_ext.inprocess"]}))
+        """
+    )
+    missing = json.loads(probe.stdout.strip().splitlines()[-1])
     expected = []
-    if importlib.util.find_spec("transformer_engine") is None:
+    if missing["transformer_engine"]:
         expected.append("megatron.bridge.peft.lora_layers")
-    try:
-        inprocess = importlib.util.find_spec("nvidia_resiliency_ext.inprocess")
-    except ImportError:
-        inprocess = None
-    if inprocess is None:
-        if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+    if missing["nvidia_resiliency_ext.inprocess"]:
+        if missing["nvidia_resiliency_ext"]:
             expected.append("nvidia_resiliency_ext")
         expected.append("nvidia_resiliency_ext.inprocess")
     return expected
