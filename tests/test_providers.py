@@ -12,6 +12,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
+from nemo_noise_plugin.testing.harness import TINY_CPU_TRANSFORMER_SETTINGS
 
 
 @pytest.fixture(scope="module")
@@ -23,22 +24,11 @@ def providers(megatron_cpu):
 
 def _cpu_provider(provider_class, **overrides):
     settings = dict(
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
+        TINY_CPU_TRANSFORMER_SETTINGS,
         vocab_size=256,
         seq_length=32,
         make_vocab_size_divisible_by=128,
-        use_cpu_initialization=True,
         transformer_layer_spec=get_gpt_layer_local_spec(),
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
     )
     settings.update(overrides)
     provider = provider_class(**settings)

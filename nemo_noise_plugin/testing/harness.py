@@ -65,27 +65,28 @@ def destroy_cpu_parallel() -> None:
         dist.destroy_process_group()
 
 
+TINY_CPU_TRANSFORMER_SETTINGS: dict[str, Any] = dict(
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    use_cpu_initialization=True,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    bias_dropout_fusion=False,
+    gradient_accumulation_fusion=False,
+    apply_rope_fusion=False,
+    masked_softmax_fusion=False,
+    bias_activation_fusion=False,
+    persist_layer_norm=False,
+)
+"""A small transformer with dropout and the CUDA-only fusions off; shared by configs and Bridge providers."""
+
+
 def tiny_gpt_config(**overrides: Any):
     """A small fp32 ``TransformerConfig`` for CPU runs (dropout off, CPU initialisation)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    settings: dict[str, Any] = dict(
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        use_cpu_initialization=True,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        params_dtype=torch.float32,
-        bias_dropout_fusion=False,
-        gradient_accumulation_fusion=False,
-        apply_rope_fusion=False,
-        masked_softmax_fusion=False,
-        bias_activation_fusion=False,
-        persist_layer_norm=False,
-    )
-    settings.update(overrides)
-    return TransformerConfig(**settings)
+    return TransformerConfig(**{**TINY_CPU_TRANSFORMER_SETTINGS, "params_dtype": torch.float32, **overrides})
 
 
 def build_tiny_gpt(
