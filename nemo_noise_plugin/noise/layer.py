@@ -7,10 +7,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noise.lengths import lengths_from_loss_mask, lengths_from_padding_mask
+from nemo_noise_plugin.noise.lengths import group_rank, group_size, lengths_from_loss_mask, lengths_from_padding_mask
 
 
 @dataclass
@@ -21,14 +20,6 @@ class NoiseBatchInputs:
     """``[b, s]`` loss mask (context-parallel shard when CP > 1)."""
     padding_mask: torch.Tensor | None = None
     """``[b, s]`` padding mask, True = padding (before any sequence-parallel scatter)."""
-
-
-def _group_rank(group: Any) -> int:
-    return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
-
-
-def _group_size(group: Any) -> int:
-    return dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
 
 
 class EmbeddingNoise:
@@ -50,20 +41,20 @@ class EmbeddingNoise:
 
     def stream_seed(self, step: int) -> int:
         """The 64-bit generator seed for ``step`` on this rank (numpy ``SeedSequence`` mixing)."""
-        tp_rank = _group_rank(self._group("tp")) if self.sequence_parallel else 0
+        tp_rank = group_rank(self._group("tp")) if self.sequence_parallel else 0
         words = [
             self.config.seed,
             step,
-            _group_rank(self._group("dp")),
-            _group_rank(self._group("cp")),
+            group_rank(self._group("dp")),
+            group_rank(self._group("cp")),
             tp_rank,
         ]
         return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
 
     def global_sequence_length(self, decoder_input: torch.Tensor) -> int:
         """The padded global sequence length behind a local ``[s_local, b, h]`` decoder input."""
-        tp = _group_size(self._group("tp")) if self.sequence_parallel else 1
-        return decoder_input.size(0) * tp * _group_size(self._group("cp"))
+        tp = group_size(self._group("tp")) if self.sequence_parallel else 1
+        return decoder_input.size(0) * tp * group_size(self._group("cp"))
 
     def sequence_lengths(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs) -> torch.Tensor:
         """``L`` per sequence (``[b]``, float32) for the configured scaling."""

@@ -12,6 +12,16 @@ import torch
 import torch.distributed as dist
 
 
+def group_rank(group: dist.ProcessGroup | None) -> int:
+    """This process's rank in ``group``; 0 without a group or without torch.distributed."""
+    return dist.get_rank(group) if group is not None and dist.is_initialized() else 0
+
+
+def group_size(group: dist.ProcessGroup | None) -> int:
+    """The size of ``group``; 1 without a group or without torch.distributed."""
+    return dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
+
+
 def zigzag_global_positions(local_length: int, cp_size: int, cp_rank: int, device: torch.device) -> torch.Tensor:
     """Global sequence positions of the ``local_length`` tokens held by context-parallel rank ``cp_rank``."""
     local = torch.arange(local_length, device=device)
@@ -30,7 +40,7 @@ def zigzag_global_positions(local_length: int, cp_size: int, cp_rank: int, devic
 def lengths_from_padding_mask(padding_mask: torch.Tensor, cp_group: dist.ProcessGroup | None) -> torch.Tensor:
     """Per-sequence token count from a ``[b, s]`` padding mask (True = padding), summed over the CP group."""
     lengths = (~padding_mask.bool()).sum(dim=1).to(torch.float32)
-    if cp_group is not None and dist.get_world_size(cp_group) > 1:
+    if group_size(cp_group) > 1:
         dist.all_reduce(lengths, op=dist.ReduceOp.SUM, group=cp_group)
     return lengths
 
@@ -43,8 +53,7 @@ def lengths_from_loss_mask(
     Megatron's labels are the inputs shifted by one, so the last real input token is the last position with a
     target; positions after it are padding. A sequence with no loss-carrying position gets ``global_length``.
     """
-    cp_size = dist.get_world_size(cp_group) if cp_group is not None else 1
-    cp_rank = dist.get_rank(cp_group) if cp_group is not None else 0
+    cp_size, cp_rank = group_size(cp_group), group_rank(cp_group)
     positions = zigzag_global_positions(loss_mask.size(1), cp_size, cp_rank, loss_mask.device)
     carries_loss = loss_mask != 0
     last = torch.where(carries_loss, positions.unsqueeze(0) + 1, torch.zeros_like(positions).unsqueeze(0))
