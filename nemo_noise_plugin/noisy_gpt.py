@@ -20,6 +20,7 @@ from megatron.core.utils import WrappedTensor, unwrap_model
 
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
+from nemo_noise_plugin.noise.schedule import NoiseClock
 
 __all__ = ["NoiseInjectionMixin", "NoisyGPTModel", "make_noisy"]
 
@@ -28,12 +29,13 @@ class NoiseInjectionMixin:
     """Adds ``EmbeddingNoise`` to a Megatron-Core language model through its ``_preprocess`` method.
 
     Mix in before the model class (``class Noisy(NoiseInjectionMixin, GPTModel)``) and call ``_init_noise`` after
-    the model is built. ``noise_step`` counts noised forwards and selects the random stream of each one.
+    the model is built. ``noise_clock`` says which (iteration, microbatch) the next noised forward belongs to; a
+    training loop that knows its iteration calls ``noise_clock.start_iteration(iteration)`` at each step.
     """
 
     noise_config: NoiseConfig
     noise_layer: EmbeddingNoise
-    noise_step: int
+    noise_clock: NoiseClock
 
     def _init_noise(self, noise_config: NoiseConfig) -> None:
         if not isinstance(noise_config, NoiseConfig):
@@ -44,8 +46,21 @@ class NoiseInjectionMixin:
             sequence_parallel=bool(self.config.sequence_parallel),
             pg_collection=getattr(self, "pg_collection", None),
         )
-        self.noise_step = 0
+        self.noise_clock = NoiseClock()
         self._noise_loss_mask: torch.Tensor | None = None
+
+    @property
+    def noise_step(self) -> int:
+        """The training iteration the next noised forward belongs to (the noise clock's iteration)."""
+        return self.noise_clock.iteration
+
+    def noise_state_dict(self) -> dict[str, Any]:
+        """The noise clock, for a checkpoint's common state (the schedule is a function of its iteration)."""
+        return self.noise_clock.state_dict()
+
+    def load_noise_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the noise clock saved by ``noise_state_dict``."""
+        self.noise_clock.load_state_dict(state)
 
     @property
     def noise_active(self) -> bool:
@@ -80,9 +95,15 @@ class NoiseInjectionMixin:
         wrapped = isinstance(embedded, WrappedTensor)
         if wrapped:
             embedded = embedded.unwrap()
-        batch = NoiseBatchInputs(loss_mask=self._noise_loss_mask, padding_mask=kwargs.get("padding_mask"))
-        noised = self.noise_layer(embedded, batch, self.noise_step)
-        self.noise_step += 1
+        batch = NoiseBatchInputs(
+            loss_mask=self._noise_loss_mask,
+            padding_mask=kwargs.get("padding_mask"),
+            input_ids=input_ids,
+            packed_seq_params=kwargs.get("packed_seq_params"),
+        )
+        noised = self.noise_layer(embedded, batch, self.noise_clock)
+        if self.training:
+            self.noise_clock.advance()
         return (WrappedTensor(noised) if wrapped else noised, *output[1:])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import re
 
 import pytest
 
@@ -30,7 +31,19 @@ def test_magnitude_follows_the_mechanism():
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
-        ("mechanism", "laplace", "expected one of uniform, gaussian"),
+        ("mechanism", "laplace", "expected one of uniform, gaussian, metric_dp, gaussian_mechanism, quantization"),
+        ("tokens", "answers", "expected one of all, prompt, response"),
+        ("schedule", "step", "expected one of constant, linear, cosine"),
+        ("calibration", "rdp", "expected one of analytic, classical"),
+        ("eta", 0.0, "expected a finite number > 0"),
+        ("delta", 1.0, "expected a finite number in (0, 1)"),
+        ("min_factor", 1.5, "expected a finite number in [0, 1]"),
+        ("clip_norm", -1.0, "expected a finite number > 0 (or null)"),
+        ("epsilon", 0, "expected a finite number > 0 (or null)"),
+        ("quantization_step", -0.1, "expected a finite number >= 0"),
+        ("warmup_steps", 2.5, "expected an integer >= 0"),
+        ("seed", 2**32, "expected an integer >= 0 and <= 4294967295"),
+        ("special_token_ids", [1, -2], "expected a list of integer token ids >= 0"),
         ("scaling", "per_shard", "expected one of true_length, padded_length, absolute"),
         ("alpha", -1.0, "expected a finite number >= 0"),
         ("alpha", math.nan, "expected a finite number >= 0"),
@@ -78,3 +91,40 @@ def test_bad_values_in_a_yaml_preset_name_the_field(tmp_path):
     path.write_text("mechanism: laplace\n")
     with pytest.raises(ValueError, match="NoiseConfig.mechanism='laplace' is invalid"):
         load_noise_config(path)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (dict(schedule="cosine"), "NoiseConfig.decay_steps=0 is invalid with schedule='cosine'"),
+        (
+            dict(mechanism="gaussian_mechanism", epsilon=1.0),
+            "NoiseConfig.clip_norm=None is invalid with mechanism='gaussian_mechanism'",
+        ),
+        (
+            dict(mechanism="gaussian_mechanism", clip_norm=1.0),
+            "NoiseConfig.epsilon=None is invalid with mechanism='gaussian_mechanism'",
+        ),
+        (
+            dict(mechanism="gaussian_mechanism", clip_norm=1.0, epsilon=2.0, calibration="classical"),
+            "the classical Gaussian mechanism holds only for epsilon < 1",
+        ),
+        (
+            dict(mechanism="metric_dp", schedule="linear", decay_steps=10),
+            "a privacy mechanism is calibrated once, so it needs schedule='constant' and warmup_steps=0",
+        ),
+        (dict(mechanism="metric_dp", warmup_steps=5), "needs schedule='constant' and warmup_steps=0"),
+    ],
+)
+def test_inconsistent_settings_are_rejected_naming_the_fields(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        NoiseConfig(**settings)
+
+
+def test_magnitude_of_each_mechanism():
+    assert NoiseConfig(mechanism="metric_dp", eta=20.0).magnitude == pytest.approx(0.05)
+    assert NoiseConfig(mechanism="quantization", quantization_step=0.25).magnitude == 0.25
+    assert NoiseConfig(mechanism="relative", relative_scale=0.3).magnitude == 0.3
+    dp = NoiseConfig(mechanism="gaussian_mechanism", clip_norm=1.0, epsilon=0.5, calibration="classical")
+    assert dp.sensitivity == 2.0
+    assert dp.magnitude == pytest.approx(2.0 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5)

@@ -1,61 +1,182 @@
-"""The noise configuration: which noise is added to the decoder input, how large, and when."""
+"""The noise configuration: which noise is added to the decoder input, how large, to which tokens, and when."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-NoiseMechanism = Literal["uniform", "gaussian"]
+NoiseMechanism = Literal["uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative"]
 NoiseScaling = Literal["true_length", "padded_length", "absolute"]
+TokenSelection = Literal["all", "prompt", "response"]
+ScheduleKind = Literal["constant", "linear", "cosine"]
+Calibration = Literal["analytic", "classical"]
 
-MECHANISMS: tuple[str, ...] = ("uniform", "gaussian")
+MECHANISMS: tuple[str, ...] = ("uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative")
+PRIVACY_MECHANISMS: tuple[str, ...] = ("metric_dp", "gaussian_mechanism")
+LENGTH_SCALED_MECHANISMS: tuple[str, ...] = ("uniform", "gaussian")
 SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute")
+TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response")
+SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
+CALIBRATIONS: tuple[str, ...] = ("analytic", "classical")
 
 
 @dataclass
 class NoiseConfig:
     """Embedding-noise settings, validated on construction.
 
-    The noise added to each decoder-input element is ``c * m * u`` where ``u`` is standard noise of the
-    mechanism (``uniform``: U(-1, 1), NEFTune; ``gaussian``: N(0, 1)), ``m`` its magnitude (``alpha`` for
-    uniform, ``sigma`` for gaussian) and ``c`` the scaling factor: ``1 / sqrt(L * d)`` with ``d`` the hidden size
-    and ``L`` the sequence length (``true_length``: each sequence's own length from the loss or padding mask, as
-    in the NEFTune paper's code; ``padded_length``: the padded global sequence length, as in HF transformers), or
-    ``1`` (``absolute``).
+    Noise ``z`` is added to each selected token's embedding ``x`` (``d`` = hidden size, ``f(t)`` = schedule factor):
+
+    - ``uniform`` (NEFTune): ``z = f(t) * alpha * c * U(-1, 1)^d``;
+    - ``gaussian``: ``z = f(t) * sigma * c * N(0, I_d)``;
+      with ``c = 1 / sqrt(L * d)`` and ``L`` the sequence's true length (``true_length``, the NEFTune paper's code),
+      the padded length (``padded_length``, HF transformers) or ``c = 1`` (``absolute``);
+    - ``metric_dp`` (d_chi privacy): ``z = r * g / |g|``, ``g ~ N(0, I_d)``, ``r ~ Gamma(shape=d, scale=1/eta)``,
+      so ``E|z| = d / eta``; embeddings are first clipped to norm ``clip_norm`` when it is set;
+    - ``gaussian_mechanism``: clip ``x`` to norm ``C = clip_norm``, add ``N(0, sigma_dp^2 I_d)`` with ``sigma_dp``
+      calibrated to ``(epsilon, delta)`` at sensitivity ``2C`` (replace one token), ``analytic`` or ``classical``;
+    - ``quantization`` (a quantisation proxy): ``z = f(t) * U(-D/2, D/2)^d``, ``D = quantization_step``;
+    - ``relative``: ``z = f(t) * rho * rms(x) * N(0, I_d)``, ``rho = relative_scale``, so the noise RMS is
+      ``rho`` times the token's embedding RMS.
+
+    Padding tokens and ``special_token_ids`` are never noised; ``tokens`` selects all tokens, the prompt or the
+    response (tokens whose prediction carries loss). The privacy mechanisms keep a constant schedule.
     """
 
     enabled: bool = True
     """Off switch: False leaves the model exactly as a plain GPT model."""
     mechanism: NoiseMechanism = "uniform"
-    """``uniform`` (NEFTune) or ``gaussian``."""
+    """One of uniform, gaussian, metric_dp, gaussian_mechanism, quantization, relative (see the class docstring)."""
     alpha: float = 5.0
     """NEFTune alpha, the magnitude of ``uniform`` noise (the paper uses 5, 10 or 15)."""
     sigma: float = 1.0
     """Standard-deviation multiplier of ``gaussian`` noise."""
     scaling: NoiseScaling = "true_length"
-    """``true_length``, ``padded_length`` or ``absolute``; see the class docstring."""
+    """``true_length``, ``padded_length`` or ``absolute``; used by ``uniform`` and ``gaussian``."""
+    eta: float = 100.0
+    """metric_dp privacy parameter: larger is less noise (``E|z| = d / eta``), per-token epsilon ``eta * 2C``."""
+    clip_norm: float | None = None
+    """Per-token embedding norm bound ``C``; required by gaussian_mechanism, optional for metric_dp."""
+    epsilon: float | None = None
+    """gaussian_mechanism per-token epsilon that sets ``sigma_dp``."""
+    delta: float = 1e-5
+    """gaussian_mechanism per-token delta."""
+    calibration: Calibration = "analytic"
+    """How gaussian_mechanism turns (epsilon, delta) into sigma: ``analytic`` (Balle & Wang 2018) or ``classical``."""
+    quantization_step: float = 0.01
+    """quantization: the step ``D`` of the uniform quantisation proxy ``U(-D/2, D/2)``."""
+    relative_scale: float = 0.1
+    """relative: ``rho``, the noise RMS as a fraction of each token's embedding RMS."""
+    tokens: TokenSelection = "all"
+    """Which tokens get noise: ``all``, ``prompt`` or ``response``."""
+    special_token_ids: list[int] = field(default_factory=list)
+    """Token ids that are never noised (e.g. BOS, EOS, chat-template markers)."""
+    schedule: ScheduleKind = "constant"
+    """Scale schedule after warm-up: ``constant``, ``linear`` or ``cosine`` decay to ``min_factor``."""
+    warmup_steps: int = 0
+    """Iterations over which the scale ramps linearly from 0 to 1."""
+    decay_steps: int = 0
+    """Iterations (after warm-up) over which ``linear``/``cosine`` decay the scale from 1 to ``min_factor``."""
+    min_factor: float = 0.0
+    """Scale factor at the end of the decay, in [0, 1]."""
     training_only: bool = True
     """Add noise only while the model is in training mode (``model.train()``); False noises in eval too."""
     seed: int = 1234
-    """Seed of the noise random stream, independent of Megatron's model-parallel RNG."""
+    """Philox key of the noise (independent of Megatron's RNG); the same seed gives the same noise at any layout."""
 
     def __post_init__(self) -> None:
         _check_choice("mechanism", self.mechanism, MECHANISMS)
         _check_choice("scaling", self.scaling, SCALINGS)
-        _check_bool("enabled", self.enabled)
-        _check_bool("training_only", self.training_only)
-        _check_non_negative("alpha", self.alpha)
-        _check_non_negative("sigma", self.sigma)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"NoiseConfig.seed={self.seed!r} is invalid: expected an integer >= 0.")
+        _check_choice("tokens", self.tokens, TOKEN_SELECTIONS)
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        _check_choice("calibration", self.calibration, CALIBRATIONS)
+        for name in ("enabled", "training_only"):
+            _check_bool(name, getattr(self, name))
+        for name in ("alpha", "sigma", "quantization_step", "relative_scale"):
+            _check_number(name, getattr(self, name), minimum=0.0)
+        _check_number("eta", self.eta, minimum=0.0, inclusive=False)
+        _check_number("delta", self.delta, minimum=0.0, maximum=1.0, inclusive=False)
+        _check_number("min_factor", self.min_factor, minimum=0.0, maximum=1.0)
+        if self.clip_norm is not None:
+            _check_number("clip_norm", self.clip_norm, minimum=0.0, inclusive=False, optional=True)
+        if self.epsilon is not None:
+            _check_number("epsilon", self.epsilon, minimum=0.0, inclusive=False, optional=True)
+        _check_int("seed", self.seed, maximum=2**32 - 1)
+        _check_int("warmup_steps", self.warmup_steps)
+        _check_int("decay_steps", self.decay_steps)
+        self.special_token_ids = list(self.special_token_ids)
+        for token_id in self.special_token_ids:
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+                raise ValueError(
+                    f"NoiseConfig.special_token_ids={self.special_token_ids!r} is invalid: "
+                    "expected a list of integer token ids >= 0."
+                )
+        self._check_schedule()
+        self._check_privacy_mechanism()
+
+    def _check_schedule(self) -> None:
+        if self.schedule != "constant" and self.decay_steps == 0:
+            raise ValueError(
+                f"NoiseConfig.decay_steps=0 is invalid with schedule={self.schedule!r}: "
+                "expected decay_steps >= 1 (or schedule='constant')."
+            )
+        if self.mechanism in PRIVACY_MECHANISMS and (self.schedule != "constant" or self.warmup_steps):
+            raise ValueError(
+                f"NoiseConfig.schedule={self.schedule!r} (warmup_steps={self.warmup_steps}) is invalid with "
+                f"mechanism={self.mechanism!r}: a privacy mechanism is calibrated once, so it needs "
+                "schedule='constant' and warmup_steps=0."
+            )
+
+    def _check_privacy_mechanism(self) -> None:
+        if self.mechanism != "gaussian_mechanism":
+            return
+        if self.clip_norm is None:
+            raise ValueError(
+                "NoiseConfig.clip_norm=None is invalid with mechanism='gaussian_mechanism': expected the per-token "
+                "norm bound C > 0 (embeddings are clipped to it; the sensitivity is 2C)."
+            )
+        if self.epsilon is None:
+            raise ValueError(
+                "NoiseConfig.epsilon=None is invalid with mechanism='gaussian_mechanism': expected the per-token "
+                "privacy budget epsilon > 0 that calibrates sigma."
+            )
+        if self.calibration == "classical" and self.epsilon >= 1.0:
+            raise ValueError(
+                f"NoiseConfig.epsilon={self.epsilon!r} is invalid with calibration='classical': the classical "
+                "Gaussian mechanism holds only for epsilon < 1; use calibration='analytic' for larger epsilon."
+            )
+
+    @property
+    def sensitivity(self) -> float | None:
+        """L2 sensitivity of one token's embedding under replacement (``2 * clip_norm``), None without a clip."""
+        return None if self.clip_norm is None else 2.0 * float(self.clip_norm)
+
+    @property
+    def dp_sigma(self) -> float:
+        """gaussian_mechanism: the noise standard deviation calibrated to (epsilon, delta) at sensitivity ``2C``."""
+        if self.mechanism != "gaussian_mechanism":
+            raise ValueError(f"dp_sigma is defined for mechanism='gaussian_mechanism', not {self.mechanism!r}.")
+        from nemo_noise_plugin.privacy.calibration import analytic_gaussian_sigma, classical_gaussian_sigma
+
+        calibrate = analytic_gaussian_sigma if self.calibration == "analytic" else classical_gaussian_sigma
+        return calibrate(float(self.epsilon), float(self.delta), float(self.sensitivity))
 
     @property
     def magnitude(self) -> float:
-        """The magnitude of the configured mechanism: ``alpha`` for uniform, ``sigma`` for gaussian."""
-        return self.alpha if self.mechanism == "uniform" else self.sigma
+        """The mechanism's base magnitude: alpha, sigma, 1/eta, sigma_dp, quantization_step or relative_scale."""
+        if self.mechanism == "uniform":
+            return float(self.alpha)
+        if self.mechanism == "gaussian":
+            return float(self.sigma)
+        if self.mechanism == "metric_dp":
+            return 1.0 / float(self.eta)
+        if self.mechanism == "gaussian_mechanism":
+            return self.dp_sigma
+        if self.mechanism == "quantization":
+            return float(self.quantization_step)
+        return float(self.relative_scale)
 
     @property
     def is_active_configuration(self) -> bool:
@@ -73,9 +194,31 @@ def _check_bool(name: str, value: object) -> None:
         raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected true or false.")
 
 
-def _check_non_negative(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected a finite number >= 0.")
+def _check_number(
+    name: str,
+    value: object,
+    *,
+    minimum: float,
+    maximum: float | None = None,
+    inclusive: bool = True,
+    optional: bool = False,
+) -> None:
+    is_number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    in_range = is_number and (value >= minimum if inclusive else value > minimum)
+    if in_range and maximum is not None:
+        in_range = value <= maximum if inclusive else value < maximum
+    if not in_range:
+        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
+        if maximum is not None:
+            bound = f"in [{minimum:g}, {maximum:g}]" if inclusive else f"in ({minimum:g}, {maximum:g})"
+        also = " (or null)" if optional else ""
+        raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected a finite number {bound}{also}.")
+
+
+def _check_int(name: str, value: object, maximum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (maximum is not None and value > maximum):
+        limit = f" and <= {maximum}" if maximum is not None else ""
+        raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected an integer >= 0{limit}.")
 
 
 def load_noise_config(path: str | os.PathLike[str], **overrides: Any) -> NoiseConfig:

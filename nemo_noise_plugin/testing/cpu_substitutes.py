@@ -16,8 +16,11 @@ import torch
 CPU_SUBSTITUTES: dict[str, str] = {
     "torch.cuda.current_device": "returns 'cpu', so Megatron's GlobalMemoryBuffer and similar allocations land on "
     "the CPU through Megatron's own code",
+    "torch.cuda.synchronize": "a no-op (nothing runs asynchronously on the CPU), for Megatron's checkpoint writers",
     "megatron.core.tensor_parallel.random CUDA RNG tracker": "CpuRNGStatesTracker keeps named CPU generator states "
     "and forks the CPU RNG instead of the CUDA one",
+    "megatron.core.tensor_parallel.random._get_cuda_rng_state / _set_cuda_rng_state": "read and restore the CPU "
+    "generator state, so activation recompute (CheckpointFunction) replays its RNG on the CPU",
 }
 
 _installed = False
@@ -57,9 +60,12 @@ def install_cpu_substitutes() -> None:
     from megatron.core.tensor_parallel import random as megatron_random
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
 
     base = megatron_random.CudaRNGStatesTracker
     tracker_class = type("CpuRNGStatesTracker", (_CpuTrackerMixin, base), {})
     megatron_random._CUDA_RNG_STATE_TRACKER = tracker_class()
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    megatron_random._get_cuda_rng_state = lambda *args, clone=False, **kwargs: torch.get_rng_state()
+    megatron_random._set_cuda_rng_state = lambda new_state, *args, **kwargs: torch.set_rng_state(new_state)
     _installed = True
