@@ -99,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch = sample_padded_batch(corpus, args.batch_size, args.seq_length, generator, args.seq_length // 4)
             started = time.perf_counter()
             model.train()
+            model.noise_clock.start_iteration(step - 1)  # as Bridge's forward step does with train_state.step
             optimizer.zero_grad(set_to_none=True)
             per_token = model(batch.tokens, batch.position_ids, mask, labels=batch.labels, loss_mask=batch.loss_mask)
             loss = masked_mean(per_token, batch.loss_mask)

@@ -5,11 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_noise_plugin.noise.lengths import (
-    lengths_from_loss_mask,
-    lengths_from_padding_mask,
-    zigzag_global_positions,
-)
+from nemo_noise_plugin.noise.lengths import lengths_from_loss_mask, lengths_from_padding_mask
+from nemo_noise_plugin.noise.positions import LocalLayout, zigzag_to_global
 from tests.multiprocess import run_on_gloo_ranks
 
 
@@ -23,12 +20,12 @@ def test_zigzag_positions_match_megatrons_chunk_assignment():
     full = torch.arange(16).unsqueeze(0)
     for cp_rank in range(2):
         expected = _zigzag_shard(full, 2, cp_rank)[0]
-        assert torch.equal(zigzag_global_positions(8, 2, cp_rank, torch.device("cpu")), expected)
+        assert torch.equal(zigzag_to_global(torch.arange(8), 8, LocalLayout(cp_size=2, cp_rank=cp_rank)), expected)
 
 
 def test_odd_local_length_under_context_parallelism_is_rejected():
     with pytest.raises(ValueError, match="local sequence length 7 must be even"):
-        zigzag_global_positions(7, 2, 0, torch.device("cpu"))
+        zigzag_to_global(torch.arange(7), 7, LocalLayout(cp_size=2, cp_rank=0))
 
 
 def test_loss_mask_length_is_one_past_the_last_position_with_loss():

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from nemo_noise_plugin.noise.positions import LocalLayout, zigzag_to_global
+
 
 def group_rank(group: dist.ProcessGroup | None) -> int:
     """This process's rank in ``group``; 0 without a group or without torch.distributed."""
@@ -20,21 +22,6 @@ def group_rank(group: dist.ProcessGroup | None) -> int:
 def group_size(group: dist.ProcessGroup | None) -> int:
     """The size of ``group``; 1 without a group or without torch.distributed."""
     return dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
-
-
-def zigzag_global_positions(local_length: int, cp_size: int, cp_rank: int, device: torch.device) -> torch.Tensor:
-    """Global sequence positions of the ``local_length`` tokens held by context-parallel rank ``cp_rank``."""
-    local = torch.arange(local_length, device=device)
-    if cp_size == 1:
-        return local
-    if local_length % 2:
-        raise ValueError(
-            f"context parallelism: local sequence length {local_length} must be even (two zig-zag chunks)."
-        )
-    chunk = local_length // 2
-    first, second = cp_rank, 2 * cp_size - 1 - cp_rank
-    chunk_index = torch.where(local < chunk, first, second)
-    return chunk_index * chunk + local % chunk
 
 
 def lengths_from_padding_mask(padding_mask: torch.Tensor, cp_group: dist.ProcessGroup | None) -> torch.Tensor:
@@ -54,7 +41,8 @@ def lengths_from_loss_mask(
     target; positions after it are padding. A sequence with no loss-carrying position gets ``global_length``.
     """
     cp_size, cp_rank = group_size(cp_group), group_rank(cp_group)
-    positions = zigzag_global_positions(loss_mask.size(1), cp_size, cp_rank, loss_mask.device)
+    local_index = torch.arange(loss_mask.size(1), device=loss_mask.device)
+    positions = zigzag_to_global(local_index, loss_mask.size(1), LocalLayout(cp_size=cp_size, cp_rank=cp_rank))
     carries_loss = loss_mask != 0
     last = torch.where(carries_loss, positions.unsqueeze(0) + 1, torch.zeros_like(positions).unsqueeze(0))
     lengths = last.amax(dim=1).to(torch.float32)
