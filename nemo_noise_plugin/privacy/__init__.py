@@ -1,0 +1,33 @@
+"""Differential-privacy calibration, accounting and the privacy ledger of the noise mechanisms.
+
+``calibration`` turns (epsilon, delta) into the Gaussian mechanism's sigma; ``accounting`` composes releases (zCDP,
+pure DP) and converts zCDP to (epsilon, delta); ``ledger`` states what a ``NoiseConfig`` guarantees per token and
+per sequence (import it from ``nemo_noise_plugin.privacy.ledger``; ``NoiseConfig.dp_sigma`` imports this package).
+The math is pure Python (``math`` only, no SciPy).
+"""
+
+from nemo_noise_plugin.privacy.accounting import (
+    compose_pure_dp,
+    compose_zcdp,
+    gaussian_zcdp_rho,
+    metric_dp_epsilon,
+    zcdp_to_dp_epsilon,
+)
+from nemo_noise_plugin.privacy.calibration import (
+    analytic_gaussian_sigma,
+    classical_gaussian_sigma,
+    gaussian_mechanism_delta,
+    gaussian_mechanism_epsilon,
+)
+
+__all__ = [
+    "analytic_gaussian_sigma",
+    "classical_gaussian_sigma",
+    "compose_pure_dp",
+    "compose_zcdp",
+    "gaussian_mechanism_delta",
+    "gaussian_mechanism_epsilon",
+    "gaussian_zcdp_rho",
+    "metric_dp_epsilon",
+    "zcdp_to_dp_epsilon",
+]

@@ -1,0 +1,305 @@
+"""The privacy ledger: what a ``NoiseConfig`` guarantees per token and per sequence, with its assumptions.
+
+Used by ``python -m nemo_noise_plugin.privacy ledger`` and ``nemo noise ledger``. Only ``gaussian_mechanism`` and
+``metric_dp`` with ``clip_norm`` carry a formal (worst-case) guarantee; the ledger of any other configuration
+says why there is none instead of printing a number. A metric_dp config without ``clip_norm`` gets a ledger too
+(its d_chi statement, and no worst-case epsilon), not an error.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import dataclass, replace
+
+from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.privacy.accounting import (
+    compose_pure_dp,
+    compose_zcdp,
+    gaussian_zcdp_rho,
+    metric_dp_epsilon,
+    zcdp_to_dp_epsilon,
+)
+from nemo_noise_plugin.privacy.calibration import gaussian_mechanism_epsilon
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """One privacy statement: (epsilon, delta)-DP (``delta = 0`` is pure DP), or ``epsilon = None`` for no bound."""
+
+    epsilon: float | None
+    delta: float
+    how: str
+    """How the numbers were obtained (configured, a composition, a zCDP conversion) or why there are none."""
+
+
+@dataclass(frozen=True)
+class PrivacyLedger:
+    """What one noise configuration guarantees for a token and for a whole sequence trained on for some epochs.
+
+    Neighbouring inputs differ in one token (per token) or in every token of one sequence (per sequence); each
+    sequence is seen ``epochs`` times, each time with fresh noise, so the sequence makes
+    ``sequence_length * epochs`` token releases. ``per_token`` and ``per_sequence`` are empty when the
+    configuration has no formal guarantee; ``assumptions`` then says why.
+    """
+
+    mechanism: str
+    enabled: bool
+    sequence_length: int
+    epochs: int
+    assumptions: tuple[str, ...]
+    """The scope of the statements and what they assume, as sentences."""
+    per_token: tuple[Guarantee, ...] = ()
+    per_sequence: tuple[Guarantee, ...] = ()
+    clip_norm: float | None = None
+    sensitivity: float | None = None
+    """L2 sensitivity of one token's embedding under replacement, ``2 * clip_norm``."""
+    calibration: str | None = None
+    """gaussian_mechanism: ``analytic`` or ``classical``."""
+    sigma: float | None = None
+    """gaussian_mechanism: the calibrated noise standard deviation ``sigma_dp``."""
+    eta: float | None = None
+    """metric_dp: the d_chi privacy parameter (epsilon per unit L2 distance)."""
+    token_rho: float | None = None
+    """gaussian_mechanism: zCDP of one token release, ``(2C)^2 / (2 sigma^2)``."""
+    sequence_rho: float | None = None
+    """gaussian_mechanism: zCDP of the sequence, ``L * E * token_rho``."""
+    hidden_size: int | None = None
+    expected_noise_norm: float | None = None
+    """``E|z|`` of one token's noise given ``hidden_size``: ``d / eta``, or ``sigma sqrt(2) G((d+1)/2) / G(d/2)``."""
+
+    @property
+    def releases(self) -> int:
+        """Token releases per sequence: ``sequence_length * epochs``."""
+        return self.sequence_length * self.epochs
+
+    @property
+    def has_formal_guarantee(self) -> bool:
+        """True when some per-sequence statement has a finite epsilon."""
+        return any(guarantee.epsilon is not None for guarantee in self.per_sequence)
+
+
+SCOPE = (
+    "Scope: the guarantee covers the noised embeddings handed to the rest of the network (the released "
+    "representation), not the trained weights: the training loss still sees the clean labels, so the weights, the "
+    "checkpoints and anything computed from them are not covered."
+)
+EMBEDDING_MAP = (
+    "Each release clips the embedding to norm C before adding noise, so any two tokens' clipped embeddings are at "
+    "L2 distance <= 2C whatever the (trained, data-dependent) embedding table; composition over epochs treats each "
+    "epoch's embedding map as given."
+)
+RANDOMNESS = (
+    "The noise is Philox pseudo-randomness keyed by NoiseConfig.seed: the guarantee assumes the seed stays secret "
+    "(whoever knows it can regenerate and subtract the noise), and the analysis assumes exact real-valued noise, "
+    "not its floating-point sampling (Mironov 2012)."
+)
+UNCLIPPED = (
+    "No formal privacy guarantee: mechanism={mechanism!r} does not clip the embeddings, so the L2 sensitivity of a "
+    "token's embedding is unbounded and no (epsilon, delta) follows; use gaussian_mechanism, or metric_dp with "
+    "clip_norm, for a guarantee."
+)
+DISABLED = "No formal privacy guarantee: the noise is disabled (enabled=false); embeddings are released in the clear."
+
+
+def privacy_ledger(
+    config: NoiseConfig,
+    *,
+    sequence_length: int,
+    epochs: int = 1,
+    delta: float | None = None,
+    hidden_size: int | None = None,
+) -> PrivacyLedger:
+    """The privacy ledger of ``config`` for sequences of ``sequence_length`` tokens trained on for ``epochs`` epochs.
+
+    ``delta`` is the per-sequence delta of the Gaussian mechanism's conversions (default: ``config.delta``);
+    ``hidden_size`` adds the expected noise norm of a privacy mechanism.
+    """
+    _check_count("sequence_length", sequence_length)
+    _check_count("epochs", epochs)
+    if hidden_size is not None:
+        _check_count("hidden_size", hidden_size)
+    if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0):
+        raise ValueError(f"privacy_ledger: delta={delta!r} is invalid: expected 0 < delta < 1 (or None).")
+    base = PrivacyLedger(
+        mechanism=config.mechanism,
+        enabled=config.enabled,
+        sequence_length=sequence_length,
+        epochs=epochs,
+        assumptions=(),
+        clip_norm=None if config.clip_norm is None else float(config.clip_norm),
+        sensitivity=config.sensitivity,
+        hidden_size=hidden_size,
+    )
+    if not config.enabled:
+        return replace(base, assumptions=(DISABLED,))
+    if config.mechanism == "gaussian_mechanism":
+        return _gaussian_mechanism_ledger(config, base, float(config.delta) if delta is None else float(delta))
+    if config.mechanism == "metric_dp":
+        return _metric_dp_ledger(config, base)
+    return replace(base, assumptions=(UNCLIPPED.format(mechanism=config.mechanism),))
+
+
+def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: float) -> PrivacyLedger:
+    sensitivity = float(config.sensitivity)
+    sigma = config.dp_sigma
+    token_rho = gaussian_zcdp_rho(sigma, sensitivity)
+    sequence_rho = compose_zcdp([token_rho] * base.releases)
+    # L * E Gaussian releases of sensitivity 2C each are one Gaussian release of sensitivity 2C * sqrt(L * E).
+    exact = gaussian_mechanism_epsilon(sigma, sequence_delta, sensitivity * math.sqrt(base.releases))
+    noise_norm = None
+    if base.hidden_size is not None:
+        d = base.hidden_size
+        noise_norm = sigma * math.sqrt(2.0) * math.exp(math.lgamma((d + 1) / 2) - math.lgamma(d / 2))
+    configured = f"as configured ({config.calibration} calibration)"
+    return replace(
+        base,
+        calibration=config.calibration,
+        sigma=sigma,
+        token_rho=token_rho,
+        sequence_rho=sequence_rho,
+        per_token=(Guarantee(float(config.epsilon), float(config.delta), configured),),
+        per_sequence=(
+            Guarantee(exact, sequence_delta, "exact: one Gaussian mechanism of sensitivity 2C sqrt(L E)"),
+            Guarantee(
+                zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "optimal"),
+                sequence_delta,
+                "zCDP -> DP, Canonne, Kamath & Steinke 2020",
+            ),
+            Guarantee(
+                zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "bun_steinke"),
+                sequence_delta,
+                "zCDP -> DP, Bun & Steinke 2016",
+            ),
+        ),
+        expected_noise_norm=noise_norm,
+        assumptions=(SCOPE, EMBEDDING_MAP, RANDOMNESS, *_coverage(config)),
+    )
+
+
+def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger) -> PrivacyLedger:
+    eta = float(config.eta)
+    noise_norm = None if base.hidden_size is None else base.hidden_size / eta
+    d_chi = (
+        "d_chi privacy: for any two embeddings x, x' the output densities differ by at most a factor "
+        f"exp(eta |x-x'|), eta = {eta:g} per unit L2 distance."
+    )
+    base = replace(base, eta=eta, expected_noise_norm=noise_norm)
+    if config.clip_norm is None:
+        unbounded = Guarantee(None, 0.0, "epsilon = eta |x-x'|, and |x-x'| has no bound without clip_norm")
+        no_bound = (
+            "No worst-case epsilon: metric_dp without clip_norm leaves the distance between two tokens' embeddings "
+            "unbounded; set clip_norm for a pure epsilon-DP guarantee."
+        )
+        return replace(
+            base,
+            per_token=(unbounded,),
+            per_sequence=(unbounded,),
+            assumptions=(no_bound, d_chi, SCOPE, RANDOMNESS, *_coverage(config)),
+        )
+    token_epsilon = metric_dp_epsilon(eta, float(config.clip_norm))
+    sequence_epsilon = compose_pure_dp([token_epsilon] * base.releases)
+    return replace(
+        base,
+        per_token=(Guarantee(token_epsilon, 0.0, "pure DP: eta * 2C"),),
+        per_sequence=(Guarantee(sequence_epsilon, 0.0, "pure DP composition: L E eta 2C"),),
+        assumptions=(SCOPE, d_chi, EMBEDDING_MAP, RANDOMNESS, *_coverage(config)),
+    )
+
+
+def _coverage(config: NoiseConfig) -> tuple[str, ...]:
+    """Which tokens the noise actually covers; a token released without noise has no protection."""
+    lines = []
+    if config.tokens != "all":
+        lines.append(
+            f"Only the {config.tokens} tokens are noised (tokens={config.tokens!r}): the guarantee covers changes to "
+            "those tokens; the other tokens' embeddings are released in the clear."
+        )
+    if config.special_token_ids:
+        lines.append(
+            f"special_token_ids {config.special_token_ids} are never noised: their embeddings are released in the "
+            "clear (they carry no private content only if they are fixed template tokens)."
+        )
+    lines.append("Padding tokens are never noised; L counts the noised tokens of one sequence.")
+    if config.training_only:
+        lines.append(
+            "Noise is added in training mode only (training_only=true): embeddings computed in evaluation or "
+            "inference are clean and not covered."
+        )
+    else:
+        lines.append("training_only=false: evaluation passes are further noised releases that E does not count.")
+    return tuple(lines)
+
+
+def format_ledger(ledger: PrivacyLedger) -> str:
+    """A plain-text table of the ledger: settings, per-token and per-sequence guarantees, then the assumptions."""
+    rows: list[tuple[str, str, str]] = [("mechanism", ledger.mechanism, "" if ledger.enabled else "disabled")]
+    if ledger.clip_norm is not None:
+        rows.append(("clip norm C", _number(ledger.clip_norm), "embeddings clipped to |x| <= C"))
+        rows.append(("sensitivity 2C", _number(ledger.sensitivity), "L2, one token replaced"))
+    if ledger.sigma is not None:
+        rows.append(("sigma_dp", _number(ledger.sigma), f"{ledger.calibration} calibration"))
+    if ledger.eta is not None:
+        rows.append(("eta", _number(ledger.eta), "epsilon per unit L2 distance"))
+    if ledger.hidden_size is not None:
+        rows.append(("hidden size d", str(ledger.hidden_size), ""))
+    if ledger.expected_noise_norm is not None:
+        note = "d / eta" if ledger.eta is not None else "~ sigma_dp sqrt(d)"
+        if ledger.clip_norm is not None:
+            note += f"; {ledger.expected_noise_norm / ledger.clip_norm:.4g} x C"
+        rows.append(("expected noise norm E|z|", _number(ledger.expected_noise_norm), note))
+    rows.append(("sequence length L", str(ledger.sequence_length), ""))
+    rows.append(("epochs E", str(ledger.epochs), f"{ledger.releases} token releases per sequence"))
+
+    sections = [("Settings", rows)]
+    if ledger.per_token or ledger.per_sequence:
+        token_rows = [_guarantee_row(guarantee) for guarantee in ledger.per_token]
+        if ledger.token_rho is not None:
+            token_rows.append(("rho (zCDP)", _number(ledger.token_rho), "(2C)^2 / (2 sigma_dp^2)"))
+        sequence_rows = []
+        if ledger.sequence_rho is not None:
+            sequence_rows.append(("rho (zCDP)", _number(ledger.sequence_rho), "L E rho_token"))
+        sequence_rows += [_guarantee_row(guarantee) for guarantee in ledger.per_sequence]
+        sections.append(("Per token (one token replaced, one release)", token_rows))
+        sections.append(
+            (
+                f"Per sequence (all L = {ledger.sequence_length} tokens replaced, E = {ledger.epochs} epochs)",
+                sequence_rows,
+            )
+        )
+
+    width = max(len(row[0]) for _, section_rows in sections for row in section_rows)
+    value_width = max(len(row[1]) for _, section_rows in sections for row in section_rows)
+    lines = [f"Privacy ledger: {ledger.mechanism}"]
+    for title, section_rows in sections:
+        lines.append("")
+        lines.append(title)
+        for label, value, note in section_rows:
+            lines.append(f"  {label:<{width}}  {value:<{value_width}}  {note}".rstrip())
+    lines.append("")
+    lines.append("Assumptions")
+    for text in ledger.assumptions:
+        lines.append(
+            textwrap.fill(text, width=_WRAP, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
+        )
+    return "\n".join(lines)
+
+
+_WRAP = 110
+
+
+def _guarantee_row(guarantee: Guarantee) -> tuple[str, str, str]:
+    if guarantee.epsilon is None:
+        return ("epsilon", "unbounded", guarantee.how)
+    if guarantee.delta == 0.0:
+        return ("epsilon (pure)", _number(guarantee.epsilon), guarantee.how)
+    return (f"epsilon at delta={guarantee.delta:g}", _number(guarantee.epsilon), guarantee.how)
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"privacy_ledger: {name}={value!r} is invalid: expected an integer >= 1.")
