@@ -3,8 +3,8 @@
 ``unit_noise`` turns Philox words (``noise/philox.py``) into standard uniform or Gaussian noise for a ``[s, b, h]``
 block given each row's global token position and each column's global sample index. ``add_noise`` is the one
 operation every mechanism reduces to: ``out = x * input_scale + noise_scale * unit`` per token, computed in float32
-and cast back. On CUDA it dispatches to the fused Triton kernel (same Philox words, one pass over ``x``); this
-module is the reference every other path is tested against.
+and cast back. On CUDA it dispatches to the fused Triton kernel (``noise/triton_kernel.py``: same Philox words, one
+pass over ``x``); ``add_noise_reference`` is what every other path is tested against.
 
 Gaussian values use Box-Muller on word pairs: words ``(w0, w1)`` of a counter give ``(r cos t, r sin t)`` with
 ``r = sqrt(-2 ln u(w0))``, ``t = 2 pi u(w1)`` and ``u`` the open-interval uniform map; ``(w2, w3)`` likewise.
@@ -97,10 +97,7 @@ def add_noise(
     input_scale: torch.Tensor | None = None,
     distribution: Literal["uniform", "gaussian"] = "uniform",
 ) -> torch.Tensor:
-    """``add_noise_reference``'s result; on CUDA with Triton, from the fused one-pass kernel.
-
-    The kernel's backward is ``grad * input_scale``: the noise and the per-token scales are constants.
-    """
+    """``add_noise_reference``'s result; on CUDA with Triton, from the fused one-pass kernel (same Philox words)."""
     arguments = dict(
         seed=seed,
         iteration=iteration,
@@ -114,23 +111,5 @@ def add_noise(
         from nemo_noise_plugin.noise.triton_kernel import fused_add_noise, triton_available
 
         if triton_available():
-            return _FusedNoiseAdd.apply(x, input_scale, fused_add_noise, arguments)
+            return fused_add_noise(x, **arguments)
     return add_noise_reference(x, **arguments)
-
-
-class _FusedNoiseAdd(torch.autograd.Function):
-    """Autograd wrapper: forward runs the fused kernel, backward is ``grad * input_scale`` (noise is a constant)."""
-
-    @staticmethod
-    def forward(ctx, x, input_scale, kernel, arguments):  # noqa: D102
-        ctx.save_for_backward(input_scale if input_scale is not None else x.new_empty(0))
-        ctx.has_input_scale = input_scale is not None
-        return kernel(x.contiguous(), **arguments)
-
-    @staticmethod
-    def backward(ctx, grad_output):  # noqa: D102
-        (input_scale,) = ctx.saved_tensors
-        grad = grad_output
-        if ctx.has_input_scale:
-            grad = (grad_output.float() * input_scale.unsqueeze(-1)).to(grad_output.dtype)
-        return grad, None, None, None
