@@ -22,7 +22,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
 from nemo_noise_plugin.noise.schedule import NoiseClock
 
-__all__ = ["NoiseInjectionMixin", "NoisyGPTModel", "make_noisy"]
+__all__ = ["NoiseInjectionMixin", "NoisyGPTModel", "make_noisy", "plain_class_of"]
 
 
 class NoiseInjectionMixin:
@@ -79,8 +79,8 @@ class NoiseInjectionMixin:
             self._noise_loss_mask = previous
 
     def forward(self, *args: Any, loss_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
-        """The base model's forward, with the loss mask made available to the noise layer."""
-        with self.noise_batch_inputs(loss_mask):
+        """The base model's forward; the noise layer sees ``loss_mask``, or an enclosing ``noise_batch_inputs``'s."""
+        with self.noise_batch_inputs(loss_mask if loss_mask is not None else self._noise_loss_mask):
             return super().forward(*args, loss_mask=loss_mask, **kwargs)
 
     def _preprocess(self, input_ids: torch.Tensor, position_ids: torch.Tensor, decoder_input=None, **kwargs):
@@ -116,6 +116,16 @@ class NoisyGPTModel(NoiseInjectionMixin, GPTModel):
     def __init__(self, *args: Any, noise_config: NoiseConfig | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._init_noise(noise_config if noise_config is not None else NoiseConfig())
+
+
+def plain_class_of(noisy_class: type) -> type:
+    """The model class that ``make_noisy`` (or ``NoisyGPTModel``) added the noise mixin to."""
+    if noisy_class.__bases__[:1] == (NoiseInjectionMixin,) and len(noisy_class.__bases__) == 2:
+        return noisy_class.__bases__[1]
+    raise TypeError(
+        f"{noisy_class.__name__} is not a plain noise-mixin class (bases {noisy_class.__bases__}); "
+        "cannot tell which model class it adds noise to."
+    )
 
 
 @functools.cache

@@ -84,10 +84,12 @@ def deepcopy_module_with_process_groups(module: nn.Module) -> nn.Module:
     Returns:
         A deep copy of ``module`` that shares the original's process groups and CUDA streams.
     """
-    memo: dict[int, Any] = {}
-    for obj in _collect_shared_objects(module, _shared_object_types()):
-        memo[id(obj)] = obj
-    return copy.deepcopy(module, memo)
+    return copy.deepcopy(module, process_group_memo(module))
+
+
+def process_group_memo(module: nn.Module) -> dict[int, Any]:
+    """A ``copy.deepcopy`` memo that maps every process group, group collection and CUDA stream to itself."""
+    return {id(obj): obj for obj in _collect_shared_objects(module, _shared_object_types())}
 
 
 def freeze_module(module: nn.Module) -> None:

@@ -16,6 +16,8 @@ import torch
 CPU_SUBSTITUTES: dict[str, str] = {
     "torch.cuda.current_device": "returns 'cpu', so Megatron's GlobalMemoryBuffer and similar allocations land on "
     "the CPU through Megatron's own code",
+    "torch.Tensor.cuda": "returns the tensor itself (on the CPU), for Megatron-Bridge's batch fetch, which moves "
+    "every batch to the GPU",
     "torch.cuda.synchronize": "a no-op (nothing runs asynchronously on the CPU), for Megatron's checkpoint writers",
     "megatron.core.tensor_parallel.random CUDA RNG tracker": "CpuRNGStatesTracker keeps named CPU generator states "
     "and forks the CPU RNG instead of the CUDA one",
@@ -61,6 +63,7 @@ def install_cpu_substitutes() -> None:
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     torch.cuda.synchronize = lambda *args, **kwargs: None  # type: ignore[assignment]
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
 
     base = megatron_random.CudaRNGStatesTracker
     tracker_class = type("CpuRNGStatesTracker", (_CpuTrackerMixin, base), {})

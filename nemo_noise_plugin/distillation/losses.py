@@ -1,0 +1,412 @@
+"""Knowledge-distillation losses on vocab-parallel logits: the noisy student learns the clean teacher's predictions.
+
+Megatron's output layer is a ``ColumnParallelLinear`` that leaves the logits split along the vocabulary: with
+tensor parallelism each rank holds ``V/tp`` consecutive vocabulary entries (rank ``r`` owns ``[r*V/tp, (r+1)*V/tp)``),
+and ``GPTModel.forward`` without labels returns them as ``[b, s, V/tp]``. Every function here takes such shards
+and the tensor-parallel group, and gives the same values on every rank as the full-vocabulary computation would,
+with gradients w.r.t. each rank's shard equal to the full-vocabulary gradient's slice; ``tp_group=None`` (or a
+group of one) means the logits are the whole vocabulary. Per-token results keep the logits' leading dimensions.
+
+Two reductions make this work, as in Megatron's ``_VocabParallelCrossEntropy``: softmax normalisers are summed
+over the shards with a backward that also sums (every shard's terms depend on them), and the per-token sum over
+the vocabulary is summed with an identity backward (every rank then holds, and backpropagates, the same loss).
+Teacher inputs are always detached; only the student gets gradients. Used by the distillation training step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from nemo_noise_plugin.distillation.kd_config import KD_LOSSES, KDConfig
+
+ProcessGroup = dist.ProcessGroup
+
+
+def _group_size(group: ProcessGroup | None) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _group_rank(group: ProcessGroup | None) -> int:
+    return 0 if group is None else dist.get_rank(group)
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float32 for half-precision logits (as Megatron's cross-entropy), float64 stays float64."""
+    dtype = torch.float32
+    for tensor in tensors:
+        dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
+class _SumOverShards(torch.autograd.Function):
+    """All-reduce (sum) of per-shard partial sums that every rank then uses in its own shard's terms.
+
+    Backward sums the output gradients over the ranks too: rank ``r``'s partial sum influences every rank's terms.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group: ProcessGroup) -> Tensor:
+        ctx.group = group
+        total = tensor.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _SumToReplicated(torch.autograd.Function):
+    """All-reduce (sum) of per-shard partial results into a value every rank uses identically; backward: identity.
+
+    The same contract as Megatron's ``reduce_from_tensor_model_parallel_region``: each rank backpropagates the
+    same downstream loss, so the gradient of its partial result is the gradient of the total.
+    """
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor, group: ProcessGroup) -> Tensor:
+        total = tensor.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None
+
+
+def _sum_over_shards(tensor: Tensor, group: ProcessGroup | None) -> Tensor:
+    return tensor if _group_size(group) == 1 else _SumOverShards.apply(tensor, group)
+
+
+def _sum_to_replicated(tensor: Tensor, group: ProcessGroup | None) -> Tensor:
+    return tensor if _group_size(group) == 1 else _SumToReplicated.apply(tensor, group)
+
+
+def _global_max(tensor: Tensor, group: ProcessGroup | None) -> Tensor:
+    """Max over the last dimension and all shards, detached (a shift that cancels out of every softmax)."""
+    maximum = tensor.detach().amax(dim=-1, keepdim=True)
+    if _group_size(group) > 1:
+        dist.all_reduce(maximum, op=dist.ReduceOp.MAX, group=group)
+    return maximum
+
+
+def vocab_parallel_log_softmax(logits: Tensor, tp_group: ProcessGroup | None = None) -> Tensor:
+    """Log-softmax over the full vocabulary of vocab-parallel ``logits`` ``[..., V/tp]``; returns this rank's shard.
+
+    Numerically stable (shifted by the global max) and computed in float32 at least. The backward is exact for a
+    loss made of every rank's shard: the normaliser's gradient is summed over the ranks.
+    """
+    logits = logits.to(_compute_dtype(logits))
+    shifted = logits - _global_max(logits, tp_group)
+    normaliser = _sum_over_shards(shifted.exp().sum(dim=-1, keepdim=True), tp_group)
+    return shifted - normaliser.log()
+
+
+def token_cross_entropy(logits: Tensor, labels: Tensor, tp_group: ProcessGroup | None = None) -> Tensor:
+    """Per-token cross-entropy ``-log p(label)`` of vocab-parallel ``logits`` (same as Megatron's CE, no smoothing)."""
+    log_probs = vocab_parallel_log_softmax(logits, tp_group)
+    shard = log_probs.size(-1)
+    local = labels.long() - _group_rank(tp_group) * shard
+    owned = (local >= 0) & (local < shard)
+    picked = log_probs.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)
+    return -_sum_to_replicated(torch.where(owned, picked, torch.zeros_like(picked)), tp_group)
+
+
+def _divergence_terms(student_log_probs: Tensor, teacher_log_probs: Tensor, kind: str, beta: float) -> Tensor:
+    """Element-wise terms whose sum over the vocabulary is the divergence."""
+    if kind == "forward_kl":
+        return teacher_log_probs.exp() * (teacher_log_probs - student_log_probs)
+    if kind == "reverse_kl":
+        return student_log_probs.exp() * (student_log_probs - teacher_log_probs)
+    mixture_log_probs = torch.logaddexp(teacher_log_probs + math.log(beta), student_log_probs + math.log1p(-beta))
+    teacher_part = teacher_log_probs.exp() * (teacher_log_probs - mixture_log_probs)
+    student_part = student_log_probs.exp() * (student_log_probs - mixture_log_probs)
+    return beta * teacher_part + (1.0 - beta) * student_part
+
+
+def _top_k_log_probs(
+    student_logits: Tensor, teacher_logits: Tensor, top_k: int, tp_group: ProcessGroup | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Both distributions renormalised over the teacher's global top-k tokens, as ``[..., k]`` tensors.
+
+    Returns (student log-probs, teacher log-probs, owned): entry ``j`` is the ``j``-th of the teacher's top-k
+    tokens (descending teacher logit); the teacher log-probs are complete on every rank, the student's are valid
+    where ``owned`` (the token lies in this rank's vocabulary shard) and finite placeholders elsewhere.
+    """
+    shard, tp_size, tp_rank = teacher_logits.size(-1), _group_size(tp_group), _group_rank(tp_group)
+    if top_k > shard * tp_size:
+        raise ValueError(f"top_k={top_k} exceeds the vocabulary size {shard * tp_size}.")
+    values, indices = teacher_logits.topk(min(top_k, shard), dim=-1)
+    indices = indices + tp_rank * shard
+    if tp_size > 1:  # candidates: every shard's local top-k; the global top-k is among them
+        gathered_values = [torch.empty_like(values) for _ in range(tp_size)]
+        gathered_indices = [torch.empty_like(indices) for _ in range(tp_size)]
+        dist.all_gather(gathered_values, values.contiguous(), group=tp_group)
+        dist.all_gather(gathered_indices, indices.contiguous(), group=tp_group)
+        values, position = torch.cat(gathered_values, dim=-1).topk(top_k, dim=-1)
+        indices = torch.cat(gathered_indices, dim=-1).gather(-1, position)
+    teacher_log_probs = torch.log_softmax(values, dim=-1)
+
+    local = indices - tp_rank * shard
+    owned = (local >= 0) & (local < shard)
+    selected = student_logits.gather(-1, local.clamp(0, shard - 1))
+    maximum = _global_max(torch.where(owned, selected.detach(), torch.full_like(selected, -math.inf)), tp_group)
+    shifted = torch.where(owned, selected, maximum) - maximum  # placeholders stay finite: no NaN gradients
+    normaliser = _sum_over_shards((shifted.exp() * owned).sum(dim=-1, keepdim=True), tp_group)
+    return shifted - normaliser.log(), teacher_log_probs, owned
+
+
+def logit_divergence(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    kind: str = "forward_kl",
+    *,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    top_k: int | None = None,
+    tp_group: ProcessGroup | None = None,
+) -> Tensor:
+    """Per-token divergence between the temperature-softened student and teacher distributions.
+
+    ``kind``: ``forward_kl`` = sum_v p_T (log p_T - log p_S); ``reverse_kl`` = sum_v p_S (log p_S - log p_T);
+    ``jsd`` = beta KL(p_T || m) + (1 - beta) KL(p_S || m), m = beta p_T + (1 - beta) p_S (HF TRL's
+    ``generalized_jsd_loss`` for 0 < beta < 1). ``p = softmax(logits / temperature)``. With ``top_k`` both
+    distributions are renormalised over the teacher's top-k tokens (ties at the k-th value broken arbitrarily).
+    Logits are ``[..., V/tp]`` shards on ``tp_group``; the result ``[...]`` is identical on every rank.
+    """
+    if kind not in KD_LOSSES:
+        raise ValueError(f"kind={kind!r} is invalid: expected one of {', '.join(KD_LOSSES)}.")
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"beta={beta!r} is invalid: expected 0 < beta < 1.")
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature!r} is invalid: expected > 0.")
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}.")
+    dtype = _compute_dtype(student_logits, teacher_logits)
+    student = student_logits.to(dtype) / temperature
+    teacher = teacher_logits.detach().to(dtype) / temperature
+    if top_k is None:
+        student_log_probs = vocab_parallel_log_softmax(student, tp_group)
+        with torch.no_grad():
+            teacher_log_probs = vocab_parallel_log_softmax(teacher, tp_group)
+        terms = _divergence_terms(student_log_probs, teacher_log_probs, kind, beta)
+    else:
+        student_log_probs, teacher_log_probs, owned = _top_k_log_probs(student, teacher, top_k, tp_group)
+        terms = _divergence_terms(student_log_probs, teacher_log_probs, kind, beta) * owned
+    return _sum_to_replicated(terms.sum(dim=-1), tp_group)
+
+
+def forward_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    temperature: float = 1.0,
+    tp_group: ProcessGroup | None = None,
+    *,
+    top_k: int | None = None,
+) -> Tensor:
+    """Per-token KL(p_T || p_S) = sum_v p_T (log p_T - log p_S) (mean-seeking; the usual KD loss)."""
+    return logit_divergence(
+        student_logits, teacher_logits, "forward_kl", temperature=temperature, top_k=top_k, tp_group=tp_group
+    )
+
+
+def reverse_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    temperature: float = 1.0,
+    tp_group: ProcessGroup | None = None,
+    *,
+    top_k: int | None = None,
+) -> Tensor:
+    """Per-token KL(p_S || p_T) = sum_v p_S (log p_S - log p_T) (mode-seeking)."""
+    return logit_divergence(
+        student_logits, teacher_logits, "reverse_kl", temperature=temperature, top_k=top_k, tp_group=tp_group
+    )
+
+
+def jsd(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    tp_group: ProcessGroup | None = None,
+    *,
+    top_k: int | None = None,
+) -> Tensor:
+    """Per-token generalised JSD: beta KL(p_T || m) + (1 - beta) KL(p_S || m), m = beta p_T + (1 - beta) p_S."""
+    return logit_divergence(
+        student_logits, teacher_logits, "jsd", temperature=temperature, beta=beta, top_k=top_k, tp_group=tp_group
+    )
+
+
+def masked_token_mean(per_token: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(sum(per_token * mask) / sum(mask), sum(per_token * mask), sum(mask))``.
+
+    The numerator and the (detached) token count are what Megatron's loss reduction needs to average over all
+    microbatches and data-parallel ranks; an empty mask gives a mean of 0 (not NaN). Masked-out positions may
+    hold any value, NaN included.
+    """
+    if mask.shape != per_token.shape:
+        raise ValueError(f"mask {tuple(mask.shape)} does not match the per-token loss {tuple(per_token.shape)}.")
+    weights = mask.to(per_token.dtype)
+    total = torch.where(mask != 0, per_token * weights, torch.zeros_like(per_token)).sum()
+    count = weights.sum().detach()
+    return total / count.clamp(min=1), total, count
+
+
+def hidden_state_loss(student_hidden: Tensor, teacher_hidden: Tensor, kind: str) -> Tensor:
+    """Per-token distance of hidden states ``[..., h]``: ``mse`` = mean_h (s - t)^2, ``cosine`` = 1 - cos(s, t).
+
+    Layer outputs hold the full hidden size on every tensor-parallel rank, so no reduction is needed here.
+    """
+    if student_hidden.shape != teacher_hidden.shape:
+        raise ValueError(f"student hidden {tuple(student_hidden.shape)} != teacher {tuple(teacher_hidden.shape)}.")
+    dtype = _compute_dtype(student_hidden, teacher_hidden)
+    student, teacher = student_hidden.to(dtype), teacher_hidden.detach().to(dtype)
+    if kind == "mse":
+        return (student - teacher).square().mean(dim=-1)
+    if kind == "cosine":
+        return 1.0 - F.cosine_similarity(student, teacher, dim=-1, eps=1e-8)
+    raise ValueError(f"kind={kind!r} is invalid: expected mse or cosine.")
+
+
+def kd_token_mask(loss_mask: Tensor, tokens: str, padding_mask: Tensor | None = None) -> Tensor:
+    """The positions distilled: ``response`` = ``loss_mask`` (times ``padding_mask`` if given); ``all`` = every
+    non-padding position (``padding_mask``, 1 = real token; None = no padding)."""
+    if tokens == "response":
+        return loss_mask if padding_mask is None else loss_mask * padding_mask.to(loss_mask.dtype)
+    if tokens == "all":
+        return torch.ones_like(loss_mask) if padding_mask is None else padding_mask.to(loss_mask.dtype)
+    raise ValueError(f"tokens={tokens!r} is invalid: expected all or response.")
+
+
+class DistillationLoss(NamedTuple):
+    """The combined loss of one microbatch and its parts.
+
+    ``loss`` is the objective (weighted sum of per-part token means); ``loss_sum = loss * num_tokens`` and
+    ``num_tokens`` (int, the distilled-token count) are the pair Megatron's schedules reduce across microbatches and
+    data-parallel ranks; ``parts`` holds detached means for logging: ``ce``, ``kd`` (the raw divergence, before
+    weight and T^2), ``hidden`` (averaged over layers) and ``total`` (= ``loss``); ``counts`` their token counts.
+    """
+
+    loss: Tensor
+    loss_sum: Tensor
+    num_tokens: Tensor
+    parts: dict[str, Tensor]
+    counts: dict[str, Tensor]
+
+    def bridge_outputs(self) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """``(loss_sum, num_tokens, report)`` as Bridge's ``masked_next_token_loss`` returns them.
+
+        Report entries are ``[sum, count]`` pairs (``lm loss`` is the CE), so the training loop's sums over
+        microbatches and ranks give token-weighted averages.
+        """
+        names = {"ce": "lm loss", "kd": "kd loss", "hidden": "hidden loss", "total": "total loss"}
+        report = {
+            label: torch.stack([self.parts[part] * self.counts[part], self.counts[part].to(self.parts[part].dtype)])
+            for part, label in names.items()
+        }
+        return self.loss_sum, self.num_tokens, report
+
+
+def combined_distillation_loss(
+    config: KDConfig,
+    student_logits: Tensor,
+    teacher_logits: Tensor | None,
+    loss_mask: Tensor,
+    *,
+    labels: Tensor | None = None,
+    padding_mask: Tensor | None = None,
+    hidden_pairs: Sequence[tuple[Tensor, Tensor]] = (),
+    tp_group: ProcessGroup | None = None,
+    sequence_parallel: bool = False,
+) -> DistillationLoss:
+    """``ce_weight * CE + kd_scale * KD + hidden_weight * H`` for one microbatch (see ``KDConfig``).
+
+    Layouts: logits ``[b, s, V/tp]`` (``GPTModel`` without labels); ``labels``, ``loss_mask``, ``padding_mask``
+    ``[b, s]``; ``hidden_pairs`` = (student, teacher) outputs of ``config.hidden_layers`` in Megatron's
+    ``[s, b, h]`` (``[s/tp, b, h]`` with ``sequence_parallel``: gathered here over ``tp_group``). CE is averaged
+    over ``loss_mask``, KD and H over ``kd_token_mask``. ``labels`` are required when ``ce_weight > 0``; when
+    given with ``ce_weight == 0`` the CE is still reported (without gradient).
+    """
+    mask = kd_token_mask(loss_mask, config.tokens if config.enabled else "response", padding_mask)
+    if tuple(student_logits.shape[:-1]) != tuple(mask.shape):
+        raise ValueError(f"logits {tuple(student_logits.shape)} do not match the [b, s] mask {tuple(mask.shape)}.")
+    ce_weight = config.ce_weight if config.enabled else 1.0
+    if labels is None and ce_weight > 0:
+        raise ValueError(f"labels are required with ce_weight={ce_weight!r} (enabled={config.enabled}).")
+    zero = student_logits.new_zeros((), dtype=_compute_dtype(student_logits))
+    count = mask.to(zero.dtype).sum().detach()
+    parts = {"ce": zero.detach(), "kd": zero.detach(), "hidden": zero.detach()}
+    counts = {"ce": loss_mask.to(zero.dtype).sum().detach(), "kd": count, "hidden": count}
+    loss = zero
+
+    if labels is not None:
+        with contextlib.nullcontext() if ce_weight > 0 else torch.no_grad():
+            ce, _, _ = masked_token_mean(token_cross_entropy(student_logits, labels, tp_group), loss_mask)
+        parts["ce"] = ce.detach()
+        if ce_weight > 0:
+            loss = loss + ce_weight * ce
+
+    if config.enabled and config.kd_weight > 0:
+        if teacher_logits is None:
+            raise ValueError("teacher_logits are required with kd_weight > 0.")
+        divergence = logit_divergence(
+            student_logits,
+            teacher_logits,
+            config.loss,
+            temperature=config.temperature,
+            beta=config.jsd_beta,
+            top_k=config.top_k,
+            tp_group=tp_group,
+        )
+        kd, _, _ = masked_token_mean(divergence, mask)
+        parts["kd"] = kd.detach()
+        loss = loss + config.kd_scale * kd
+
+    if config.enabled and config.hidden_loss != "none":
+        if len(hidden_pairs) != len(config.hidden_layers):
+            raise ValueError(
+                f"{len(hidden_pairs)} hidden-state pairs given for hidden_layers={config.hidden_layers!r}."
+            )
+        per_token = sum(
+            hidden_state_loss(*_full_sequence(pair, sequence_parallel, tp_group), config.hidden_loss)
+            for pair in hidden_pairs
+        ) / len(hidden_pairs)
+        hidden, _, _ = masked_token_mean(per_token.transpose(0, 1), mask)  # [s, b] -> [b, s]
+        parts["hidden"] = hidden.detach()
+        if config.hidden_weight > 0:
+            loss = loss + config.hidden_weight * hidden
+
+    parts["total"] = loss.detach()
+    counts["total"] = count
+    return DistillationLoss(loss, loss * count, count.to(torch.int), parts, counts)
+
+
+def _full_sequence(
+    pair: tuple[Tensor, Tensor], sequence_parallel: bool, tp_group: ProcessGroup | None
+) -> tuple[Tensor, Tensor]:
+    """Gather sequence-parallel ``[s/tp, b, h]`` hidden states to ``[s, b, h]``.
+
+    The student's gather splits its gradient back (``tensor_parallel_output_grad=False``): the loss after it is the
+    same on every rank, so a reduce-scatter would count it ``tp`` times.
+    """
+    if not sequence_parallel or _group_size(tp_group) == 1:
+        return pair
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+    student, teacher = pair
+    student = gather_from_sequence_parallel_region(student, tensor_parallel_output_grad=False, group=tp_group)
+    with torch.no_grad():
+        teacher = gather_from_sequence_parallel_region(teacher.detach(), group=tp_group)
+    return student, teacher

@@ -1,0 +1,97 @@
+"""Getting the right weights into the clean teacher under Megatron-Bridge, for every loading route.
+
+Bridge loads a student's weights at two different moments: HF weights (AutoBridge providers) in a pre-wrap hook
+while the model is built, and a Megatron ``pretrained_checkpoint`` or a resume checkpoint after it is built and
+wrapped (``setup()``). So the teacher is made in two steps:
+
+1. ``NoisyDistillationProvider.provide_distributed_model`` snapshots the wrapped student (HF or initial weights);
+2. the first ``distillation_forward_step`` call settles it, after every load has happened:
+   - at iteration 0 the student has not trained yet and holds exactly the weights to distil from (pretrained
+     checkpoint, HF or initial): they are copied into the teacher;
+   - after a resume the student holds fine-tuned weights, so the teacher is reloaded from
+     ``checkpoint.pretrained_checkpoint`` (Megatron or HF format) when one is configured, and otherwise keeps the
+     snapshot (HF weights, or the seeded initialisation the run started from).
+
+The teacher lives outside the student's module tree (not a submodule), so checkpoints, the optimizer, DDP's
+buffers, ``model.train()`` and HF export never see it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from megatron.core.utils import unwrap_model
+from torch import nn
+
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.distillation.teacher import ATTACHED_TEACHER_ATTRIBUTE as _TEACHER
+
+_SETTLED = "_nemo_noise_clean_teacher_settled"
+
+
+def attach_teacher(student: nn.Module, teacher: nn.Module) -> None:
+    """Keep ``teacher`` with the (unwrapped) student chunk without registering it as a submodule."""
+    inner = unwrap_model(student)
+    object.__setattr__(inner, _TEACHER, teacher)
+    object.__setattr__(inner, _SETTLED, False)
+
+
+def attached_teacher(student: nn.Module) -> nn.Module | None:
+    """The teacher kept with this student chunk, or None."""
+    return unwrap_model(student).__dict__.get(_TEACHER)
+
+
+def copy_student_into_teacher(student: nn.Module, teacher: nn.Module) -> None:
+    """Overwrite the teacher's parameters and buffers with the student's current values, in place."""
+    source = unwrap_model(student).state_dict(keep_vars=True)
+    with torch.no_grad():
+        for name, tensor in teacher.state_dict(keep_vars=True).items():
+            if isinstance(tensor, torch.Tensor) and name in source and tensor is not source[name]:
+                tensor.copy_(source[name])
+
+
+def ready_teacher(state: Any, model: nn.Module) -> nn.Module:
+    """The chunk's teacher with settled weights (see the module docstring); settles it on the first call."""
+    inner = unwrap_model(model)
+    teacher = inner.__dict__.get(_TEACHER)
+    if teacher is None:
+        raise ValueError(
+            "this model chunk has no clean teacher: build it with NoisyDistillationProvider "
+            "(provide_distributed_model attaches the teacher)."
+        )
+    if not inner.__dict__.get(_SETTLED):
+        settle_teacher_weights(state, inner, teacher)
+        object.__setattr__(inner, _SETTLED, True)
+    teacher.eval()
+    return teacher
+
+
+def settle_teacher_weights(state: Any, student: nn.Module, teacher: nn.Module) -> str:
+    """Give the teacher the weights to distil from; returns where they came from (for the log)."""
+    if state.train_state.step == 0:
+        copy_student_into_teacher(student, teacher)
+        return "student at iteration 0"
+    pretrained = getattr(state.cfg.checkpoint, "pretrained_checkpoint", None)
+    if pretrained is None:
+        return "snapshot taken when the model was built (HF or initial weights)"
+    checkpointing = import_bridge("megatron.bridge.training.checkpointing")
+    if checkpointing.is_hf_checkpoint_dir(pretrained):
+        bridge = checkpointing._build_auto_bridge_for_save(state.cfg, hf_source=pretrained)
+        bridge.load_hf_weights([teacher], hf_path=pretrained)
+        return f"HF checkpoint {pretrained}"
+    iteration_dir = _iteration_dir(checkpointing, pretrained)
+    checkpointing._load_model_weights_from_checkpoint(
+        iteration_dir, [teacher], dist_ckpt_strictness=state.cfg.checkpoint.dist_ckpt_strictness
+    )
+    return f"Megatron checkpoint {iteration_dir}"
+
+
+def _iteration_dir(checkpointing: Any, base: str) -> str:
+    iteration, release = checkpointing._resolve_checkpoint_iteration(base, None)
+    if iteration == -1:
+        raise FileNotFoundError(f"checkpoint.pretrained_checkpoint={base!r}: no checkpoint found there.")
+    if iteration == getattr(checkpointing, "_DIRECT_ITERATION_DIR_SENTINEL", object()):
+        return base
+    return os.fspath(checkpointing.get_checkpoint_name(base, iteration, release=release))
