@@ -106,3 +106,25 @@ def import_bridge(module_name: str = "megatron.bridge") -> types.ModuleType:
         raise ValueError(f"import_bridge: {module_name!r} is not a megatron.bridge module.")
     ensure_bridge_importable()
     return importlib.import_module(module_name)
+
+
+def use_prebuilt_dataset_helpers() -> bool:
+    """Let Bridge's ``initialize_megatron`` use megatron-core's prebuilt dataset helper instead of running ``make``.
+
+    megatron-core wheels ship the C++ dataset index helper compiled (``megatron.core.datasets.helpers_cpp``) and no
+    Makefile, yet Bridge 0.6.2 calls ``compile_helpers()`` (``make -C .../datasets``) at start-up and exits when it
+    fails. When the prebuilt helper imports and there is nothing to build, that call is skipped; a source checkout
+    with a Makefile is left alone. Returns True when the build step was skipped.
+    """
+    import importlib
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("megatron.core.datasets.helpers_cpp") is None:
+        return False
+    datasets = importlib.import_module("megatron.core.datasets")
+    if os.path.exists(os.path.join(os.path.dirname(datasets.__file__), "Makefile")):
+        return False
+    initialize = import_bridge("megatron.bridge.training.initialize")
+    initialize.compile_helpers = lambda: None
+    return True

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from nemo_noise_plugin.distillation import (
     KDConfig,
     combined_distillation_loss,
+    cross_entropy_and_forward_kl,
     forward_kl,
     hidden_state_loss,
     jsd,
@@ -116,6 +117,23 @@ def test_named_functions_are_the_divergences():
     torch.testing.assert_close(forward_kl(s, t, 2.0), reference_divergence("forward_kl", s, t, 2.0), **TIGHT)
     torch.testing.assert_close(reverse_kl(s, t, 2.0), reference_divergence("reverse_kl", s, t, 2.0), **TIGHT)
     torch.testing.assert_close(jsd(s, t, 0.7, 2.0), reference_divergence("jsd", s, t, 2.0, beta=0.7), **TIGHT)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_fused_cross_entropy_and_forward_kl_equal_the_separate_losses(temperature):
+    """The memory-lean path gives the values and gradients of token_cross_entropy and forward_kl."""
+    data = make_inputs(3)
+    ce_weights, kd_weights = data["weights"], data["weights"].flip(1)
+    fused = data["student"].clone().requires_grad_()
+    ce, kd = cross_entropy_and_forward_kl(fused, data["teacher"], data["labels"], temperature)
+    (ce * ce_weights + kd * kd_weights).sum().backward()
+    separate = data["student"].clone().requires_grad_()
+    expected_ce = F.cross_entropy(separate.transpose(1, 2), data["labels"], reduction="none")
+    expected_kd = reference_divergence("forward_kl", separate, data["teacher"], temperature)
+    (expected_ce * ce_weights + expected_kd * kd_weights).sum().backward()
+    torch.testing.assert_close(ce, expected_ce, **TIGHT)
+    torch.testing.assert_close(kd, expected_kd, **TIGHT)
+    torch.testing.assert_close(fused.grad, separate.grad, **TIGHT)
 
 
 def test_log_softmax_and_cross_entropy_match_torch():
@@ -386,6 +404,10 @@ def _local_results(tp_group, rank: int, tp: int, sequence_parallel: bool) -> dic
     results["ce"] = value_and_gradient(
         lambda s: token_cross_entropy(s, data["labels"], tp_group), student, data["weights"]
     )
+    fused_logits = student.clone().requires_grad_()
+    ce, kd = cross_entropy_and_forward_kl(fused_logits, teacher, data["labels"], 1.5, tp_group)
+    (ce * data["weights"] + kd * data["weights"].flip(0)).sum().backward()
+    results["fused"] = (torch.stack([ce, kd]).detach(), fused_logits.grad)
     rows = slice(rank * SEQ // tp, (rank + 1) * SEQ // tp) if sequence_parallel else slice(None)
     logits = student.clone().requires_grad_()
     hidden = data["student_hidden"][rows].clone().requires_grad_()
@@ -444,6 +466,14 @@ def test_tp2_divergence_and_gradient_equal_tp1(tp_results, kind, top_k):
     assert torch.equal(ranks[0][(kind, top_k)][0], ranks[1][(kind, top_k)][0]), "ranks disagree"
     torch.testing.assert_close(ranks[0][(kind, top_k)][0], expected_value, **TIGHT)
     torch.testing.assert_close(_gathered_gradient(ranks, (kind, top_k)), expected_gradient, **TIGHT)
+
+
+@pytest.mark.multiprocess
+def test_tp2_fused_cross_entropy_and_forward_kl_equal_tp1(tp_results):
+    reference, ranks = tp_results
+    for rank in ranks:
+        torch.testing.assert_close(rank["fused"][0], reference["fused"][0], **TIGHT)
+    torch.testing.assert_close(_gathered_gradient(ranks, "fused"), reference["fused"][1], **TIGHT)
 
 
 @pytest.mark.multiprocess

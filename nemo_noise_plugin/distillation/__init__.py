@@ -4,6 +4,7 @@ from nemo_noise_plugin.distillation.kd_config import KDConfig
 from nemo_noise_plugin.distillation.losses import (
     DistillationLoss,
     combined_distillation_loss,
+    cross_entropy_and_forward_kl,
     forward_kl,
     hidden_state_loss,
     jsd,
@@ -19,6 +20,7 @@ __all__ = [
     "DistillationLoss",
     "KDConfig",
     "combined_distillation_loss",
+    "cross_entropy_and_forward_kl",
     "forward_kl",
     "hidden_state_loss",
     "jsd",

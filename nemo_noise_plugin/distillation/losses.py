@@ -249,6 +249,95 @@ def jsd(
     )
 
 
+def _all_reduce(tensor: Tensor, group: ProcessGroup | None, op=dist.ReduceOp.SUM) -> Tensor:
+    if _group_size(group) > 1:
+        dist.all_reduce(tensor, op=op, group=group)
+    return tensor
+
+
+def _log_normaliser(scaled_logits: Tensor, group: ProcessGroup | None) -> Tensor:
+    """``log sum_v exp(z_v)`` over every shard, ``[..., 1]`` (no autograd)."""
+    maximum = _all_reduce(scaled_logits.amax(dim=-1, keepdim=True), group, dist.ReduceOp.MAX)
+    total = _all_reduce((scaled_logits - maximum).exp_().sum(dim=-1, keepdim=True), group)
+    return total.log_() + maximum
+
+
+class _CrossEntropyAndForwardKL(torch.autograd.Function):
+    """Per-token CE (T = 1) and KL(p_T || p_S) (temperature T) of vocab-parallel logits in one memory-lean pass.
+
+    Saves only the logits (alive anyway) and per-token log-normalisers, and recomputes the softmaxes in backward,
+    whose gradient is ``g_ce * (p_S - onehot(label)) + g_kd / T * (p_S,T - p_T,T)`` on each rank's shard. The
+    generic autograd path keeps several float32 ``[b, s, V/tp]`` intermediates alive until backward instead.
+    """
+
+    @staticmethod
+    def forward(ctx, student_logits, teacher_logits, labels, temperature, group):
+        dtype = _compute_dtype(student_logits, teacher_logits)
+        with torch.no_grad():
+            student = student_logits.to(dtype)
+            student_lse = _log_normaliser(student, group)
+            shard, rank = student.size(-1), _group_rank(group)
+            local = labels.long() - rank * shard
+            owned = (local >= 0) & (local < shard)
+            picked = student.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)
+            picked = _all_reduce(torch.where(owned, picked, torch.zeros_like(picked)), group)
+            cross_entropy = student_lse.squeeze(-1) - picked
+
+            scaled_student = student / temperature if temperature != 1.0 else student
+            scaled_lse = _log_normaliser(scaled_student, group) if temperature != 1.0 else student_lse
+            teacher = teacher_logits.to(dtype) / temperature
+            teacher_lse = _log_normaliser(teacher, group)
+            teacher_log_probs = teacher.sub_(teacher_lse)
+            terms = teacher_log_probs.exp() * (teacher_log_probs - (scaled_student - scaled_lse))
+            del teacher, teacher_log_probs, scaled_student
+            divergence = _all_reduce(terms.sum(dim=-1), group)
+        ctx.save_for_backward(student_logits, teacher_logits, labels, student_lse, scaled_lse, teacher_lse)
+        ctx.temperature, ctx.group = temperature, group
+        return cross_entropy, divergence
+
+    @staticmethod
+    def backward(ctx, grad_ce, grad_kd):
+        student_logits, teacher_logits, labels, student_lse, scaled_lse, teacher_lse = ctx.saved_tensors
+        temperature, group = ctx.temperature, ctx.group
+        dtype = _compute_dtype(student_logits, teacher_logits)
+        student = student_logits.to(dtype)
+        kd_weight = None if grad_kd is None else (grad_kd / temperature).unsqueeze(-1)
+        ce_weight = None if grad_ce is None else grad_ce.unsqueeze(-1)
+        if temperature == 1.0:  # one softmax serves both terms: p_S * (g_ce + g_kd) - p_T * g_kd - onehot * g_ce
+            total = sum(weight for weight in (kd_weight, ce_weight) if weight is not None)
+            grad = (student - student_lse).exp_().mul_(total)
+        else:
+            grad = torch.zeros_like(student)
+            if kd_weight is not None:
+                grad += (student / temperature - scaled_lse).exp_().mul_(kd_weight)
+            if ce_weight is not None:
+                grad += (student - student_lse).exp_().mul_(ce_weight)
+        if kd_weight is not None:
+            grad -= (teacher_logits.to(dtype) / temperature - teacher_lse).exp_().mul_(kd_weight)
+        if grad_ce is not None:
+            shard = student.size(-1)
+            local = labels.long() - _group_rank(group) * shard
+            owned = (local >= 0) & (local < shard)
+            grad.scatter_add_(
+                -1, local.clamp(0, shard - 1).unsqueeze(-1), (-grad_ce * owned.to(grad.dtype)).unsqueeze(-1)
+            )
+        return grad.to(student_logits.dtype), None, None, None, None
+
+
+def cross_entropy_and_forward_kl(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    labels: Tensor,
+    temperature: float = 1.0,
+    tp_group: ProcessGroup | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Per-token ``(CE, KL(p_T || p_S))`` of vocab-parallel logits, the memory-lean way (see the class above).
+
+    Equal in value and gradient to ``token_cross_entropy`` and ``forward_kl`` (the tests check both).
+    """
+    return _CrossEntropyAndForwardKL.apply(student_logits, teacher_logits.detach(), labels, temperature, tp_group)
+
+
 def masked_token_mean(per_token: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """``(sum(per_token * mask) / sum(mask), sum(per_token * mask), sum(mask))``.
 
@@ -351,25 +440,35 @@ def combined_distillation_loss(
     counts = {"ce": loss_mask.to(zero.dtype).sum().detach(), "kd": count, "hidden": count}
     loss = zero
 
+    distilling = config.enabled and config.kd_weight > 0
+    if distilling and teacher_logits is None:
+        raise ValueError("teacher_logits are required with kd_weight > 0.")
+    per_token_ce = divergence = None
+    if distilling and labels is not None and config.loss == "forward_kl" and config.top_k is None:
+        per_token_ce, divergence = cross_entropy_and_forward_kl(
+            student_logits, teacher_logits, labels, config.temperature, tp_group
+        )
+
     if labels is not None:
         with contextlib.nullcontext() if ce_weight > 0 else torch.no_grad():
-            ce, _, _ = masked_token_mean(token_cross_entropy(student_logits, labels, tp_group), loss_mask)
+            if per_token_ce is None:
+                per_token_ce = token_cross_entropy(student_logits, labels, tp_group)
+            ce, _, _ = masked_token_mean(per_token_ce, loss_mask)
         parts["ce"] = ce.detach()
         if ce_weight > 0:
             loss = loss + ce_weight * ce
 
-    if config.enabled and config.kd_weight > 0:
-        if teacher_logits is None:
-            raise ValueError("teacher_logits are required with kd_weight > 0.")
-        divergence = logit_divergence(
-            student_logits,
-            teacher_logits,
-            config.loss,
-            temperature=config.temperature,
-            beta=config.jsd_beta,
-            top_k=config.top_k,
-            tp_group=tp_group,
-        )
+    if distilling:
+        if divergence is None:
+            divergence = logit_divergence(
+                student_logits,
+                teacher_logits,
+                config.loss,
+                temperature=config.temperature,
+                beta=config.jsd_beta,
+                top_k=config.top_k,
+                tp_group=tp_group,
+            )
         kd, _, _ = masked_token_mean(divergence, mask)
         parts["kd"] = kd.detach()
         loss = loss + config.kd_scale * kd
