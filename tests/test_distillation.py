@@ -215,3 +215,32 @@ def test_unsupported_distillation_settings_are_rejected_before_building(bridge, 
     )
     with pytest.raises(ValueError, match=message):
         provider.validate_distillation()
+
+
+def test_after_a_resume_the_teacher_reloads_a_megatron_pretrained_checkpoint(bridge, tmp_path):
+    from megatron.core import dist_checkpointing
+
+    from nemo_noise_plugin.distillation.teacher_weights import attached_teacher, settle_teacher_weights
+
+    provider = _provider(NoiseConfig(alpha=10.0))
+    (pretrained,) = _model(provider)
+    with torch.no_grad():
+        for parameter in pretrained.parameters():
+            parameter.mul_(1.5)  # distinct from the seeded initialisation the resumed run starts from
+    base = tmp_path / "pretrained"
+    (base / "iter_0000003").mkdir(parents=True)
+    dist_checkpointing.save({"model": pretrained.sharded_state_dict()}, str(base / "iter_0000003"))
+    # The iteration directory itself (Bridge's tracker-file reader allocates on "cuda", so a base directory
+    # resolves only on a GPU machine; both go through Bridge's _resolve_checkpoint_iteration).
+
+    (resumed,) = _model(provider)
+    with torch.no_grad():  # the resume checkpoint: fine-tuned weights
+        for parameter in resumed.parameters():
+            parameter.add_(0.25)
+    state = _state(bridge, provider, step=7)
+    state.cfg.checkpoint.pretrained_checkpoint = str(base / "iter_0000003")
+    teacher = attached_teacher(resumed)
+    source = settle_teacher_weights(state, resumed, teacher)
+    assert source.startswith("Megatron checkpoint") and source.endswith("iter_0000003")
+    for (name, expected), actual in zip(pretrained.named_parameters(), teacher.parameters(), strict=True):
+        assert torch.equal(actual, expected), name
