@@ -19,7 +19,6 @@ import json
 import time
 
 import torch
-import torch.nn.functional as F
 
 from nemo_noise_plugin.corpus import BYTE_VOCAB_SIZE, load_corpus_tokens, sample_padded_batch
 from nemo_noise_plugin.distillation.kd_config import KDConfig
@@ -27,6 +26,7 @@ from nemo_noise_plugin.distillation.losses import combined_distillation_loss
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noisy_gpt import NoisyGPTModel, make_noisy
+from nemo_noise_plugin.robustness import robustness_curve
 from nemo_noise_plugin.testing.harness import (
     build_tiny_gpt,
     causal_attention_mask,
@@ -66,33 +66,17 @@ def _train(model, batches, mask, steps: int, lr: float, teacher=None, kd: KDConf
 
 def _evaluate(model, batches, mask, scales: list[float]) -> dict[str, float]:
     """Held-out clean CE, and KL(clean || noisy) of the model's own predictions at each NEFTune alpha."""
-    plain = deepcopy_module_with_process_groups(model)
-    if isinstance(plain, NoisyGPTModel):
-        plain.noise_config = NoiseConfig(enabled=False)
-        plain._init_noise(NoiseConfig(enabled=False))
-    plain.eval()
-    results: dict[str, float] = {}
-    with torch.no_grad():
-        clean = [_logits(plain, batch, mask).float().log_softmax(-1) for batch in batches]
-        tokens = sum(batch.loss_mask.sum() for batch in batches)
-        ce = sum(
-            (F.nll_loss(c.transpose(1, 2), b.labels, reduction="none") * b.loss_mask).sum()
-            for c, b in zip(clean, batches, strict=True)
-        )
-        results["clean_ce"] = (ce / tokens).item()
-        for alpha in scales:
-            noisy_model = make_noisy(
-                deepcopy_module_with_process_groups(plain), NoiseConfig(alpha=alpha, training_only=False, seed=777)
-            )
-            kl = 0.0
-            for index, (clean_log_probs, batch) in enumerate(zip(clean, batches, strict=True)):
-                noisy_model.noise_clock.start_iteration(index)
-                with noisy_model.noise_batch_inputs(batch.loss_mask):
-                    noisy_log_probs = _logits(noisy_model, batch, mask).float().log_softmax(-1)
-                per_token = (clean_log_probs.exp() * (clean_log_probs - noisy_log_probs)).sum(-1)
-                kl += (per_token * batch.loss_mask).sum()
-            results[f"kl_alpha_{alpha:g}"] = (kl / tokens).item()
-    return results
+    as_dicts = [
+        {"labels": b.labels, "loss_mask": b.loss_mask, "tokens": b.tokens, "pos": b.position_ids} for b in batches
+    ]
+    points = robustness_curve(
+        model,
+        as_dicts,
+        NoiseConfig(),
+        [0.0, *scales],
+        lambda module, batch: module(batch["tokens"], batch["pos"], mask),
+    )
+    return {"clean_ce": points[0].loss, **{f"kl_alpha_{p.scale:g}": p.kl for p in points[1:]}}
 
 
 def main() -> None:

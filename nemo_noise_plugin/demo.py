@@ -1,39 +1,47 @@
-"""The main job on the embedded default: a tiny noisy GPT trained for a few steps on the shipped corpus (CPU).
+"""The main job on the embedded default: the tiny recipe trained on the shipped corpus, then a robustness report.
 
-Real Megatron-Core (GPTModel, local layer spec, gloo process group) with the plugin's noise layer; the CUDA-only
-pieces are replaced by the substitutes in ``nemo_noise_plugin.testing.cpu_substitutes``, announced at start.
-Each step prints the training loss (noise on), the loss of the same batch with and without noise, and tokens/s.
+The run uses the tiny recipe's Bridge ``ConfigContainer`` (``nemo_noise_plugin.recipes``), its provider and model,
+the shipped corpus through Bridge's GPT data pipeline, and the plugin's Bridge forward step and loss. Bridge's own
+training loop needs CUDA, so on a machine without a GPU a single-process CPU loop drives those same pieces, clearly
+labelled: float32 instead of bf16, torch's AdamW instead of Megatron's optimizer, Megatron's CUDA-only pieces
+replaced by the substitutes in ``nemo_noise_plugin.testing.cpu_substitutes`` (listed at start). Each step prints
+the loss (and the KD loss when distilling) and tokens/s; at the end a robustness report compares the model before
+and after training: held-out loss and KL(clean || noisy) against the noise scale, as a table, JSON and PNG.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 
 import torch
 
-from nemo_noise_plugin.corpus import BYTE_VOCAB_SIZE, load_corpus_tokens, sample_padded_batch
 from nemo_noise_plugin.noise.config import MECHANISMS, SCALINGS, NoiseConfig, load_noise_config
+
+RECIPES = ("tiny_noise_sft", "tiny_noise_distillation")
+REPORT_SCALES = (0.0, 2.5, 5.0, 10.0, 20.0, 40.0)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m nemo_noise_plugin", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seq-length", type=int, default=64)
+    parser.add_argument("--recipe", choices=RECIPES, default="tiny_noise_sft", help="default tiny_noise_sft")
+    parser.add_argument("--steps", type=int, default=30, help="training iterations (default 30)")
+    parser.add_argument("--output-dir", default="outputs/main_job", help="report, plot and data (default %(default)s)")
     parser.add_argument("--noise-config", help="YAML of NoiseConfig fields, e.g. configs/noise/gaussian.yaml")
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
     parser.add_argument("--alpha", type=float, help="NEFTune alpha of uniform noise (default 10)")
     parser.add_argument("--sigma", type=float, help="gaussian noise multiplier")
     parser.add_argument("--scaling", choices=SCALINGS, help="overrides the config (default true_length)")
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
-    for name in ("steps", "batch_size", "seq_length"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: expected an integer >= 1.")
+    if args.steps < 1:
+        parser.error(f"--steps={args.steps} is invalid: expected an integer >= 1.")
     if args.lr <= 0:
         parser.error(f"--lr={args.lr} is invalid: expected a number > 0.")
     return args
@@ -49,10 +57,6 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
     return NoiseConfig(**{"alpha": 10.0, **overrides})
 
 
-def masked_mean(per_token_loss: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    return (per_token_loss * loss_mask).sum() / loss_mask.sum().clamp_min(1.0)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -64,70 +68,127 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
+    from nemo_noise_plugin import recipes
     from nemo_noise_plugin.testing.cpu_substitutes import CPU_SUBSTITUTES
-    from nemo_noise_plugin.testing.harness import (
-        build_tiny_gpt,
-        causal_attention_mask,
-        destroy_cpu_parallel,
-        init_cpu_parallel,
-    )
+    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
 
-    print("== nemo-noise-plugin main job: CPU loop on the embedded default (no GPU; Bridge's loop needs CUDA) ==")
-    print("Real Megatron-Core GPTModel (local layer spec) on a single-process gloo group. CPU substitutes in use:")
+    print(f"== nemo-noise-plugin main job: recipe {args.recipe} on the embedded corpus ==")
+    print("CPU loop (Bridge's training loop needs CUDA): the recipe's provider, model, data pipeline, forward step")
+    print("and loss, driven by a single-process loop; float32 instead of bf16, torch AdamW instead of Megatron's")
+    print("optimizer. CPU substitutes in use:")
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")
+    os.makedirs(args.output_dir, exist_ok=True)
+    config = getattr(recipes, f"{args.recipe}_config")(dir=args.output_dir, train_iters=args.steps, noise=noise)
     init_cpu_parallel(seed=args.seed)
     try:
-        model = build_tiny_gpt(
-            vocab_size=BYTE_VOCAB_SIZE,
-            max_sequence_length=args.seq_length,
-            model_class=NoisyGPTModel,
-            noise_config=noise,
-        )
-        corpus = load_corpus_tokens()
-        generator = torch.Generator().manual_seed(args.seed)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-        mask = causal_attention_mask(args.seq_length)
-        parameters = sum(p.numel() for p in model.parameters())
-        print(f"model: {parameters / 1e3:.0f}k parameters, byte vocabulary; corpus: {corpus.numel()} tokens")
-        print(f"noise: {noise}")
-        print(
-            f"{'step':>4} {'train loss':>10} {'clean loss':>10} {'noisy loss':>10} {'noise cost':>10} {'tokens/s':>9}"
-        )
-        for step in range(1, args.steps + 1):
-            batch = sample_padded_batch(corpus, args.batch_size, args.seq_length, generator, args.seq_length // 4)
-            started = time.perf_counter()
-            model.train()
-            model.noise_clock.start_iteration(step - 1)  # as Bridge's forward step does with train_state.step
-            optimizer.zero_grad(set_to_none=True)
-            per_token = model(batch.tokens, batch.position_ids, mask, labels=batch.labels, loss_mask=batch.loss_mask)
-            loss = masked_mean(per_token, batch.loss_mask)
-            loss.backward()
-            optimizer.step()
-            elapsed = time.perf_counter() - started
-            with torch.no_grad():
-                clean, noisy = _same_batch_losses(model, batch, mask)
-            tokens_per_second = batch.loss_mask.sum().item() / elapsed
-            print(
-                f"{step:>4} {loss.item():>10.4f} {clean:>10.4f} {noisy:>10.4f} {noisy - clean:>+10.4f} "
-                f"{tokens_per_second:>9.0f}"
-            )
-        print("train loss: noisy forward the step trained on; clean/noisy loss: the same batch after the step.")
+        return _run(config, args)
     finally:
+        from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+
+        destroy_num_microbatches_calculator()
         destroy_cpu_parallel()
+
+
+def _run(config, args: argparse.Namespace) -> int:
+    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.robustness import format_report, plot_report, robustness_curve, scale_field
+
+    provider = config.model
+    provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
+    config.dataset.skip_getting_attention_mask_from_dataset = False  # the CPU needs an explicit causal mask
+    tokenizer = import_bridge("megatron.bridge.training.tokenizers.tokenizer").build_tokenizer(config.tokenizer)
+    config.dataset.tokenizer = tokenizer
+    config.dataset.finalize()
+    provider.finalize()
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    train_config = config.train
+    micro_batches = train_config.global_batch_size // train_config.micro_batch_size
+    init_num_microbatches_calculator(0, None, train_config.global_batch_size, train_config.micro_batch_size, 1)
+
+    torch.manual_seed(args.seed)
+    model = provider.provide_distributed_model(
+        use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=None
+    )[0]
+    data = import_bridge("megatron.bridge.data.utils")
+    eval_batches_count = 4
+    train_ds, valid_ds, _ = data.pretrain_train_valid_test_datasets_provider(
+        [args.steps * train_config.global_batch_size, eval_batches_count * train_config.micro_batch_size, 0],
+        config.dataset,
+    )
+    state = import_bridge("megatron.bridge.training.state").GlobalState()
+    state.cfg = config
+    forward_step = distillation_forward_step if isinstance(provider, NoisyDistillationProvider) else noise_forward_step
+    mask = torch.triu(torch.ones(provider.seq_length, provider.seq_length, dtype=torch.bool), 1).view(
+        1, 1, *[provider.seq_length] * 2
+    )
+
+    def batches(dataset, count: int, start: int = 0) -> list[dict[str, torch.Tensor]]:
+        size = train_config.micro_batch_size
+        items = [dataset[start + index] for index in range(count * size)]
+        collated = [torch.utils.data.default_collate(items[i * size : (i + 1) * size]) for i in range(count)]
+        for batch in collated:
+            batch["attention_mask"] = mask
+        return collated
+
+    def logits_of(module, batch):
+        return module(batch["tokens"], batch["position_ids"], batch["attention_mask"])
+
+    held_out = batches(valid_ds, eval_batches_count)
+    scale_name = scale_field(provider.noise)
+    before = robustness_curve(model, held_out, provider.noise, REPORT_SCALES, logits_of)
+
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=config.optimizer.weight_decay
+    )
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters ({type(model).__name__});")
+    print(f"noise: {_non_default(provider.noise)}; {micro_batches} microbatches of {train_config.micro_batch_size}")
+    print(f"{'step':>4} {'loss':>9} {'kd loss':>9} {'tokens/s':>9}")
+    model.train()
+    for step in range(args.steps):
+        state.train_state.step = step
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, torch.Tensor] = {}
+        for batch in batches(train_ds, micro_batches, start=step * train_config.global_batch_size):
+            output, loss_function = forward_step(state, iter([batch]), model)
+            loss_sum, num_tokens, report = loss_function(output)
+            (loss_sum / num_tokens / micro_batches).backward()
+            for key, value in report.items():
+                totals[key] = totals.get(key, 0) + value.detach()
+        optimizer.step()
+        elapsed = time.perf_counter() - started
+        lm = totals["lm loss"][0] / totals["lm loss"][1]
+        kd = f"{float(totals['kd loss'][0] / totals['kd loss'][1]):>9.4f}" if "kd loss" in totals else f"{'-':>9}"
+        tokens = float(totals["lm loss"][1])
+        print(f"{step + 1:>4} {float(lm):>9.4f} {kd} {tokens / elapsed:>9.0f}", flush=True)
+
+    after = robustness_curve(model, held_out, provider.noise, REPORT_SCALES, logits_of)
+    curves = {"before": before, "after": after}
+    print(f"\nrobustness report: held-out loss and KL(clean || noisy) in nats/token against {scale_name}")
+    print(format_report(curves, scale_name))
+    report_path = os.path.join(args.output_dir, "robustness.json")
+    with open(report_path, "w") as handle:
+        json.dump({name: [dataclasses.asdict(p) for p in points] for name, points in curves.items()}, handle, indent=2)
+    plot_path = os.path.join(args.output_dir, "robustness.png")
+    plotted = plot_report(curves, scale_name, plot_path)
+    print(f"report: {report_path}" + (f"; plot: {plot_path}" if plotted else " (install matplotlib for the plot)"))
     return 0
 
 
-def _same_batch_losses(model, batch, mask) -> tuple[float, float]:
-    """Loss of one batch with the noise off (eval) and on (train mode, a fresh draw), without training."""
-    losses = []
-    for training in (False, True):
-        model.train(training)
-        per_token = model(batch.tokens, batch.position_ids, mask, labels=batch.labels, loss_mask=batch.loss_mask)
-        losses.append(masked_mean(per_token, batch.loss_mask).item())
-    model.train()
-    return losses[0], losses[1]
+def _non_default(config) -> str:
+    defaults = type(config)()
+    changed = {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != getattr(defaults, f.name)
+    }
+    return f"{type(config).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The tiny recipes: a small GPT (local layer spec, no Transformer Engine needed) for trying the plugin anywhere.
 
-Both build a Bridge ``ConfigContainer`` around the plugin's providers with Bridge's mock GPT data and the null
-tokenizer, so they need no download; every setting is a dataclass field that overrides reach.
+Both build a Bridge ``ConfigContainer`` around the plugin's providers. The data is the corpus shipped in the
+package, written once as a Megatron indexed dataset of byte tokens (``corpus_dataset.py``, under
+``<dir>/<name>/data``) and read by Bridge's own GPT data pipeline with the null tokenizer (``data="mock"`` uses
+Bridge's mock data instead), so they need no download; every setting is a dataclass field that overrides reach.
 
     from megatron.bridge.training.pretrain import pretrain
     from nemo_noise_plugin.forward_step import distillation_forward_step
@@ -17,11 +19,12 @@ import os
 import torch
 
 from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.corpus_dataset import CORPUS_VOCAB_SIZE, build_corpus_dataset
 from nemo_noise_plugin.distillation.kd_config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
 
-TINY_MODEL = dict(num_layers=4, hidden_size=512, ffn_hidden_size=2048, num_attention_heads=8, vocab_size=1024)
-"""The tiny GPT: ~13M parameters."""
+TINY_MODEL = dict(num_layers=4, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=4)
+"""The tiny GPT: ~3.3M parameters plus the embedding."""
 
 
 def _tiny_model_settings(seq_length: int) -> dict:
@@ -30,6 +33,7 @@ def _tiny_model_settings(seq_length: int) -> dict:
     gpt_provider = import_bridge("megatron.bridge.models.gpt_provider")
     return dict(
         **TINY_MODEL,
+        vocab_size=CORPUS_VOCAB_SIZE,
         seq_length=seq_length,
         make_vocab_size_divisible_by=128,
         bf16=True,
@@ -49,7 +53,29 @@ def _tiny_model_settings(seq_length: int) -> dict:
     )
 
 
-def _tiny_container(model, *, dir: str | None, name: str, train_iters: int, seq_length: int, lr: float):
+def _dataset(data: str, run_dir: str, seq_length: int):
+    c = import_bridge("megatron.bridge.training.config")
+    common = dict(
+        seq_length=seq_length,
+        random_seed=1234,
+        reset_attention_mask=False,
+        reset_position_ids=False,
+        eod_mask_loss=False,
+        num_dataset_builder_threads=1,
+        dataloader_type="single",
+        num_workers=0,
+    )
+    if data == "mock":
+        return c.MockGPTDatasetConfig(**common)
+    if data != "corpus":
+        raise ValueError(f"tiny recipe: data={data!r} is invalid: expected 'corpus' (the shipped corpus) or 'mock'.")
+    prefix = build_corpus_dataset(os.path.join(run_dir, "data"))
+    return c.GPTDatasetConfig(data_path=prefix, split="9,1,0", **common)
+
+
+def _tiny_container(
+    model, *, dir: str | None, name: str, train_iters: int, seq_length: int, lr: float, data: str = "corpus"
+):
     from megatron.core.distributed import DistributedDataParallelConfig
 
     c = import_bridge("megatron.bridge.training.config")
@@ -76,18 +102,9 @@ def _tiny_container(model, *, dir: str | None, name: str, train_iters: int, seq_
             weight_decay_incr_style="constant",
         ),
         ddp=DistributedDataParallelConfig(use_distributed_optimizer=False, grad_reduce_in_fp32=True),
-        dataset=c.MockGPTDatasetConfig(
-            seq_length=seq_length,
-            random_seed=1234,
-            reset_attention_mask=False,
-            reset_position_ids=False,
-            eod_mask_loss=False,
-            num_dataset_builder_threads=1,
-            dataloader_type="single",
-            num_workers=0,
-        ),
+        dataset=_dataset(data, run_dir, seq_length),
         logger=c.LoggerConfig(log_interval=1),
-        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=TINY_MODEL["vocab_size"]),
+        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=CORPUS_VOCAB_SIZE),
         checkpoint=c.CheckpointConfig(
             save=os.path.join(run_dir, "checkpoints"),
             load=os.path.join(run_dir, "checkpoints"),
@@ -102,25 +119,27 @@ def tiny_noise_sft_config(
     dir: str | None = None,
     name: str = "tiny_noise_sft",
     train_iters: int = 40,
-    seq_length: int = 256,
+    seq_length: int = 128,
     lr: float = 3e-4,
     noise: NoiseConfig | None = None,
+    data: str = "corpus",
 ):
     """Noisy fine-tuning of the tiny GPT (NEFTune alpha 5 by default). Train with ``noise_forward_step``."""
     from nemo_noise_plugin.providers import NoisyGPTModelProvider
 
     model = NoisyGPTModelProvider(**_tiny_model_settings(seq_length), noise=noise or NoiseConfig(alpha=5.0))
-    return _tiny_container(model, dir=dir, name=name, train_iters=train_iters, seq_length=seq_length, lr=lr)
+    return _tiny_container(model, dir=dir, name=name, train_iters=train_iters, seq_length=seq_length, lr=lr, data=data)
 
 
 def tiny_noise_distillation_config(
     dir: str | None = None,
     name: str = "tiny_noise_distillation",
     train_iters: int = 40,
-    seq_length: int = 256,
+    seq_length: int = 128,
     lr: float = 3e-4,
     noise: NoiseConfig | None = None,
     kd: KDConfig | None = None,
+    data: str = "corpus",
 ):
     """Noisy student + frozen clean copy of itself, CE + forward KL. Train with ``distillation_forward_step``."""
     from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
@@ -128,4 +147,4 @@ def tiny_noise_distillation_config(
     model = NoisyDistillationProvider(
         **_tiny_model_settings(seq_length), noise=noise or NoiseConfig(alpha=5.0), kd=kd or KDConfig()
     )
-    return _tiny_container(model, dir=dir, name=name, train_iters=train_iters, seq_length=seq_length, lr=lr)
+    return _tiny_container(model, dir=dir, name=name, train_iters=train_iters, seq_length=seq_length, lr=lr, data=data)
