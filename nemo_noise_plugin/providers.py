@@ -4,11 +4,19 @@
 everything that configures a Bridge provider (recipes, Hydra-style ``model.noise.alpha=10`` overrides, YAML) reaches
 them. ``provide`` builds the plain Megatron-Core model exactly as Bridge does, then makes it noisy on the chunk that
 ``should_attach_noise`` selects (the first pipeline stage, virtual stage 0).
+
+``noisy_provider_from`` turns a provider Bridge already made (``AutoBridge.to_megatron_provider()``) into one of the
+plugin's providers, keeping every field and the registered pre-/post-wrap hooks (HF weight loading is a pre-wrap
+hook). Importing this module also adds ``nemo_noise_plugin.`` to Bridge's ``_target_`` allowlist, so run configs
+(``ConfigContainer.to_yaml`` / ``from_yaml``, a checkpoint's ``run_config.yaml``) can name the plugin's classes.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from megatron.core.models.gpt.gpt_model import GPTModel
 
@@ -17,9 +25,17 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noisy_gpt import make_noisy
 from nemo_noise_plugin.utils import should_attach_noise
 
+if TYPE_CHECKING:
+    from nemo_noise_plugin.distillation.kd_config import KDConfig
+
 GPTModelProvider = import_bridge("megatron.bridge.models.gpt_provider").GPTModelProvider
 
-__all__ = ["NoisyGPTModelProvider"]
+TARGET_PREFIX = "nemo_noise_plugin."
+"""Module prefix added to Bridge's ``_target_`` allowlist when this module is imported."""
+
+import_bridge("megatron.bridge.utils.instantiate_utils").register_allowed_target_prefix(TARGET_PREFIX)
+
+__all__ = ["TARGET_PREFIX", "NoisyGPTModelProvider", "UnsupportedProviderError", "noisy_provider_from"]
 
 
 @dataclass
@@ -39,3 +55,115 @@ class NoisyGPTModelProvider(GPTModelProvider):
         if should_attach_noise(vp_stage):
             make_noisy(model, self.noise)
         return model
+
+
+class UnsupportedProviderError(TypeError):
+    """Raised by ``noisy_provider_from`` for a provider class whose model or settings the conversion would lose."""
+
+
+# Class attributes that every dataclass or ABC has (generated or bookkeeping); they change no behaviour.
+_BOOKKEEPING_ATTRIBUTES = frozenset(
+    {
+        "__module__",
+        "__qualname__",
+        "__doc__",
+        "__dict__",
+        "__weakref__",
+        "__annotations__",
+        "__annotate_func__",
+        "__annotations_cache__",
+        "__firstlineno__",
+        "__static_attributes__",
+        "__orig_bases__",
+        "__parameters__",
+        "__abstractmethods__",
+        "_abc_impl",
+        "__dataclass_fields__",
+        "__dataclass_params__",
+        "__match_args__",
+        "__init__",
+        "__repr__",
+        "__eq__",
+        "__hash__",
+    }
+)
+
+
+def noisy_provider_from(
+    provider: GPTModelProvider, noise: NoiseConfig | None = None, kd: KDConfig | None = None
+) -> NoisyGPTModelProvider:
+    """Convert a Bridge GPT provider into a ``NoisyGPTModelProvider`` (a ``NoisyDistillationProvider`` with ``kd``).
+
+    The new provider carries every dataclass field value of ``provider`` (by reference, as ``dataclasses.replace``
+    does) and its instance state outside the fields: the registered pre-/post-wrap hooks (copied into new lists, so
+    hooks registered later on either provider stay their own; AutoBridge's HF weight loading is one of them) and
+    any other attribute Bridge set on it. ``provider`` itself is left unchanged.
+
+    ``noise``/``kd`` default to the source's own settings when it is already a plugin provider (deep-copied), else to
+    ``NoiseConfig()``; a source ``NoisyDistillationProvider`` stays one. Finalize the result as any provider
+    (``ConfigContainer.validate`` does it).
+
+    Only ``GPTModelProvider`` itself (and subclasses that merely change field defaults, e.g. Bridge's Mistral and
+    OLMoE providers) converts: a subclass that adds fields or methods (``provide``: Gemma, the VL/omni/audio models;
+    ``finalize``/``__post_init__``: MLA/DeepSeek, Sarvam, MiniMax-M3; extra fields: Gemma 2/3/4, Step-3.5, ...)
+    builds a different model than ``GPTModelProvider.provide``, so it raises ``UnsupportedProviderError`` naming
+    the class and what would be lost, instead of silently training another architecture.
+    """
+    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+
+    if not isinstance(provider, GPTModelProvider):
+        raise UnsupportedProviderError(
+            f"noisy_provider_from expects a megatron.bridge GPTModelProvider, got {_class_path(type(provider))}."
+        )
+    target: type[NoisyGPTModelProvider] = (
+        NoisyDistillationProvider
+        if kd is not None or isinstance(provider, NoisyDistillationProvider)
+        else NoisyGPTModelProvider
+    )
+    _check_convertible(type(provider), target)
+
+    source_fields = {f.name: f for f in dataclasses.fields(provider)}
+    values = {name: getattr(provider, name) for name, f in source_fields.items() if f.init}
+    values["noise"] = noise if noise is not None else copy.deepcopy(getattr(provider, "noise", None) or NoiseConfig())
+    if target is NoisyDistillationProvider:
+        from nemo_noise_plugin.distillation.kd_config import KDConfig
+
+        values["kd"] = kd if kd is not None else copy.deepcopy(getattr(provider, "kd", None) or KDConfig())
+    converted = target(**values)
+    for name, f in source_fields.items():
+        if not f.init:
+            object.__setattr__(converted, name, getattr(provider, name))
+    for name, value in vars(provider).items():
+        if name not in source_fields:
+            setattr(converted, name, list(value) if isinstance(value, list) else value)
+    return converted
+
+
+def _check_convertible(source: type, target: type) -> None:
+    """Raise ``UnsupportedProviderError`` when ``source`` adds fields or behaviour that ``target`` would lose."""
+    source_fields = {f.name for f in dataclasses.fields(source)}
+    extra_fields = sorted(source_fields - {f.name for f in dataclasses.fields(target)})
+    members: list[str] = []
+    for klass in source.__mro__:
+        if klass in target.__mro__:
+            continue
+        for name in vars(klass):
+            if name not in source_fields and name not in _BOOKKEEPING_ATTRIBUTES and name not in members:
+                members.append(name)
+    if not extra_fields and not members:
+        return
+    lost = []
+    if members:
+        lost.append(f"its own {', '.join(sorted(members))}")
+    if extra_fields:
+        lost.append(f"fields {', '.join(extra_fields)}")
+    raise UnsupportedProviderError(
+        f"noisy_provider_from cannot convert {_class_path(source)}: {target.__name__} builds the model with "
+        f"GPTModelProvider.provide/finalize and would drop {' and '.join(lost)}, silently changing the model. "
+        "Only GPTModelProvider (what AutoBridge returns for Llama, Qwen, Mistral and other plain GPT "
+        "architectures) and subclasses that only change field defaults can be converted."
+    )
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -34,3 +34,22 @@ def test_tiny_distillation_recipe_carries_the_kd_settings(recipes, tmp_path):
     assert type(config.model) is NoisyDistillationProvider
     assert (config.model.kd.loss, config.model.kd.temperature) == ("jsd", 2.0)
     assert config.model.pipeline_model_parallel_size == 1
+
+
+def test_model_recipes_start_from_bridges_own_sft_recipes(recipes):
+    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.recipes.hf_models import BRIDGE_SFT_RECIPES
+
+    assert set(BRIDGE_SFT_RECIPES) == {"llama32_1b", "llama31_8b", "qwen3_8b"}
+    for module, function in BRIDGE_SFT_RECIPES.values():
+        assert callable(getattr(import_bridge(module), function)), f"{module}.{function}"
+    for model in BRIDGE_SFT_RECIPES:
+        for mode in ("sft", "distillation"):
+            assert callable(getattr(recipes, f"{model}_noise_{mode}_config"))
+
+
+def test_unknown_model_recipe_is_a_clear_error(recipes):
+    from nemo_noise_plugin.recipes.hf_models import noise_recipe_from_bridge
+
+    with pytest.raises(ValueError, match="model='llama4' is invalid: expected one of llama32_1b, llama31_8b, qwen3_8b"):
+        noise_recipe_from_bridge("llama4")
