@@ -29,29 +29,17 @@ SEQ, MICRO_BATCH, GLOBAL_BATCH = 2048, 2, 8
 
 def _provider_settings():
     import torch
-    from megatron.core.transformer.enums import AttnBackend
 
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.recipes.tiny import local_spec_settings
 
-    gpt_provider = import_bridge("megatron.bridge.models.gpt_provider")
     return dict(
         **MODEL,
+        **local_spec_settings(),
         seq_length=SEQ,
         make_vocab_size_divisible_by=128,
         bf16=True,
         params_dtype=torch.bfloat16,
         pipeline_dtype=torch.bfloat16,
-        transformer_layer_spec=gpt_provider.local_layer_spec,
-        attention_backend=AttnBackend.local,
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        cross_entropy_loss_fusion=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
     )
 
 

@@ -58,17 +58,9 @@ def _autobridge_provider(bridge, directory, load_weights=True):
 
 def _on_cpu(bridge, provider):
     """The CPU settings of tests/test_providers.py: local layer spec, CUDA-only fusions off, finalized."""
-    for name, value in dict(
-        transformer_layer_spec=bridge["gpt_provider"].local_layer_spec,
-        use_cpu_initialization=True,
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        cross_entropy_loss_fusion=False,
-    ).items():
+    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+
+    for name, value in dict(local_spec_settings(), use_cpu_initialization=True).items():
         setattr(provider, name, value)
     provider.finalize()
     return provider

@@ -27,18 +27,15 @@ TINY_MODEL = dict(num_layers=4, hidden_size=256, ffn_hidden_size=1024, num_atten
 """The tiny GPT: ~3.3M parameters plus the embedding."""
 
 
-def _tiny_model_settings(seq_length: int) -> dict:
+def local_spec_settings() -> dict:
+    """Provider settings for Megatron-Core's local layer spec: no Transformer Engine, no CUDA-only fusions, no dropout.
+
+    What the tiny recipes, the benchmarks and the CPU tests use, so they run wherever megatron-core does.
+    """
     from megatron.core.transformer.enums import AttnBackend
 
     gpt_provider = import_bridge("megatron.bridge.models.gpt_provider")
     return dict(
-        **TINY_MODEL,
-        vocab_size=CORPUS_VOCAB_SIZE,
-        seq_length=seq_length,
-        make_vocab_size_divisible_by=128,
-        bf16=True,
-        params_dtype=torch.bfloat16,
-        pipeline_dtype=torch.bfloat16,
         transformer_layer_spec=gpt_provider.local_layer_spec,
         attention_backend=AttnBackend.local,
         gradient_accumulation_fusion=False,
@@ -50,6 +47,19 @@ def _tiny_model_settings(seq_length: int) -> dict:
         cross_entropy_loss_fusion=False,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+    )
+
+
+def _tiny_model_settings(seq_length: int) -> dict:
+    return dict(
+        **TINY_MODEL,
+        **local_spec_settings(),
+        vocab_size=CORPUS_VOCAB_SIZE,
+        seq_length=seq_length,
+        make_vocab_size_divisible_by=128,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
     )
 
 
