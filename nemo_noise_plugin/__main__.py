@@ -4,4 +4,5 @@ import sys
 
 from nemo_noise_plugin.demo import main
 
-sys.exit(main())
+if __name__ == "__main__":  # spawned worker processes re-import the main module
+    sys.exit(main())

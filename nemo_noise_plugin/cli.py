@@ -2,8 +2,9 @@
 
 Registered under the ``nemo_run.cli`` entry-point group in ``pyproject.toml``; ``nemo`` imports this module to
 build the group, so importing it must stay cheap and must not need Transformer Engine, a GPU or Megatron-Bridge.
-The group's commands (``nemo noise ...`` and ``nemo llm finetune`` with the plugin's recipes) are registered here
-as they are built; ``nemo noise ledger`` prints the privacy ledger of a noise config.
+``nemo noise ledger`` prints the privacy ledger of a noise config. ``nemo llm finetune`` lives in
+``nemo_noise_plugin.cli_llm`` (the ``llm`` entry point; it moves to ``nemo noise finetune`` where NeMo 2's own
+``llm`` group is installed).
 """
 
 # No ``from __future__ import annotations`` and no ``X | None``: NeMo-Run's argument parser (0.11) needs real
