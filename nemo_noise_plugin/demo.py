@@ -1,10 +1,12 @@
 """The main job on the embedded default: the tiny recipe trained on the shipped corpus, then a robustness report.
 
 The run uses the tiny recipe's Bridge ``ConfigContainer`` (``nemo_noise_plugin.recipes``), its provider and model,
-the shipped corpus through Bridge's GPT data pipeline, and the plugin's Bridge forward step and loss. Bridge's own
-training loop needs CUDA, so on a machine without a GPU a single-process CPU loop drives those same pieces, clearly
-labelled: float32 instead of bf16, torch's AdamW instead of Megatron's optimizer, Megatron's CUDA-only pieces
-replaced by the substitutes in ``nemo_noise_plugin.testing.cpu_substitutes`` (listed at start). Each step prints
+the shipped corpus through Bridge's GPT data pipeline, and the plugin's Bridge forward step and loss. With a GPU it
+is Bridge's real training loop (``launch``: checkpoints under the output directory, resumable with the same noise),
+with the report computed by Bridge callbacks at the start and end of training. Without one, a single-process CPU
+loop drives those same pieces, clearly labelled: float32 instead of bf16, torch's AdamW instead of Megatron's
+optimizer, Megatron's CUDA-only pieces replaced by the substitutes in ``nemo_noise_plugin.testing.cpu_substitutes``
+(listed at start). Each step prints
 the loss (and the KD loss when distilling) and tokens/s; at the end a robustness report compares the model before
 and after training: held-out loss and KL(clean || noisy) against the noise scale, as a table, JSON and PNG.
 """
@@ -69,6 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
     from nemo_noise_plugin import recipes
+
+    os.makedirs(args.output_dir, exist_ok=True)
+    config = getattr(recipes, f"{args.recipe}_config")(dir=args.output_dir, train_iters=args.steps, noise=noise)
+    if torch.cuda.is_available():
+        return _run_on_gpu(config, args)
+
     from nemo_noise_plugin.testing.cpu_substitutes import CPU_SUBSTITUTES
     from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
 
@@ -78,8 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("optimizer. CPU substitutes in use:")
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")
-    os.makedirs(args.output_dir, exist_ok=True)
-    config = getattr(recipes, f"{args.recipe}_config")(dir=args.output_dir, train_iters=args.steps, noise=noise)
     init_cpu_parallel(seed=args.seed)
     try:
         return _run(config, args)
@@ -90,6 +96,79 @@ def main(argv: Sequence[str] | None = None) -> int:
         destroy_cpu_parallel()
 
 
+def held_out_batches(config, count: int, attention_mask: torch.Tensor | None, device) -> list[dict[str, torch.Tensor]]:
+    """``count`` micro-batches of the recipe's validation split (its dataset config already has its tokenizer)."""
+    from nemo_noise_plugin.bridge_imports import import_bridge
+
+    data = import_bridge("megatron.bridge.data.utils")
+    size = config.train.micro_batch_size
+    _, valid, _ = data.pretrain_train_valid_test_datasets_provider([0, count * size, 0], config.dataset)
+    return collate(valid, count, size, attention_mask, device)
+
+
+def collate(dataset, count: int, size: int, attention_mask, device, start: int = 0) -> list[dict[str, torch.Tensor]]:
+    """``count`` micro-batches of ``size`` consecutive samples from ``start``, on ``device``."""
+    items = [dataset[start + index] for index in range(count * size)]
+    batches = []
+    for index in range(count):
+        batch = torch.utils.data.default_collate(items[index * size : (index + 1) * size])
+        batch = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
+        batch["attention_mask"] = attention_mask
+        batches.append(batch)
+    return batches
+
+
+def logits_of(module, batch):
+    """Logits ``[b, s, V]`` of a model chunk for a batch (no labels)."""
+    return module(batch["tokens"], batch["position_ids"], batch["attention_mask"])
+
+
+def write_report(curves, scale_name: str, output_dir: str) -> None:
+    """Print the robustness table and write it as JSON and PNG under ``output_dir``."""
+    from nemo_noise_plugin.robustness import format_report, plot_report
+
+    print(f"\nrobustness report: held-out loss and KL(clean || noisy) in nats/token against {scale_name}")
+    print(format_report(curves, scale_name))
+    report_path = os.path.join(output_dir, "robustness.json")
+    with open(report_path, "w") as handle:
+        json.dump({name: [dataclasses.asdict(p) for p in points] for name, points in curves.items()}, handle, indent=2)
+    plot_path = os.path.join(output_dir, "robustness.png")
+    plotted = plot_report(curves, scale_name, plot_path)
+    print(f"report: {report_path}" + (f"; plot: {plot_path}" if plotted else " (install matplotlib for the plot)"))
+
+
+def _run_on_gpu(config, args: argparse.Namespace) -> int:
+    """Bridge's real training loop on the recipe (checkpoints under the output directory), reported by callbacks."""
+    from megatron.core.utils import unwrap_model
+
+    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.launch import launch
+    from nemo_noise_plugin.robustness import robustness_curve, scale_field
+
+    print(f"== nemo-noise-plugin main job: recipe {args.recipe} on the embedded corpus, Bridge's training loop ==")
+    callbacks = import_bridge("megatron.bridge.training.callbacks")
+    noise = config.model.noise
+    curves: dict = {}
+
+    class RobustnessReport(callbacks.Callback):
+        """Evaluates the first model chunk on held-out batches at the start and at the end of training."""
+
+        def _curve(self, context):
+            batches = held_out_batches(context.state.cfg, 4, None, torch.cuda.current_device())
+            return robustness_curve(unwrap_model(context.model[0]), batches, noise, REPORT_SCALES, logits_of)
+
+        def on_train_start(self, context) -> None:
+            curves["before"] = self._curve(context)
+
+        def on_train_end(self, context) -> None:
+            curves["after"] = self._curve(context)
+
+    launch(config, callbacks=[RobustnessReport()])
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        write_report(curves, scale_field(noise), args.output_dir)
+    return 0
+
+
 def _run(config, args: argparse.Namespace) -> int:
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -97,7 +176,7 @@ def _run(config, args: argparse.Namespace) -> int:
     from nemo_noise_plugin.bridge_imports import import_bridge
     from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
     from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
-    from nemo_noise_plugin.robustness import format_report, plot_report, robustness_curve, scale_field
+    from nemo_noise_plugin.robustness import robustness_curve, scale_field
 
     provider = config.model
     provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
@@ -124,22 +203,10 @@ def _run(config, args: argparse.Namespace) -> int:
     state = import_bridge("megatron.bridge.training.state").GlobalState()
     state.cfg = config
     forward_step = distillation_forward_step if isinstance(provider, NoisyDistillationProvider) else noise_forward_step
-    mask = torch.triu(torch.ones(provider.seq_length, provider.seq_length, dtype=torch.bool), 1).view(
-        1, 1, *[provider.seq_length] * 2
-    )
+    sequence = provider.seq_length
+    mask = torch.triu(torch.ones(sequence, sequence, dtype=torch.bool), 1).view(1, 1, sequence, sequence)
 
-    def batches(dataset, count: int, start: int = 0) -> list[dict[str, torch.Tensor]]:
-        size = train_config.micro_batch_size
-        items = [dataset[start + index] for index in range(count * size)]
-        collated = [torch.utils.data.default_collate(items[i * size : (i + 1) * size]) for i in range(count)]
-        for batch in collated:
-            batch["attention_mask"] = mask
-        return collated
-
-    def logits_of(module, batch):
-        return module(batch["tokens"], batch["position_ids"], batch["attention_mask"])
-
-    held_out = batches(valid_ds, eval_batches_count)
+    held_out = collate(valid_ds, eval_batches_count, train_config.micro_batch_size, mask, "cpu")
     scale_name = scale_field(provider.noise)
     before = robustness_curve(model, held_out, provider.noise, REPORT_SCALES, logits_of)
 
@@ -155,7 +222,8 @@ def _run(config, args: argparse.Namespace) -> int:
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         totals: dict[str, torch.Tensor] = {}
-        for batch in batches(train_ds, micro_batches, start=step * train_config.global_batch_size):
+        start = step * train_config.global_batch_size
+        for batch in collate(train_ds, micro_batches, train_config.micro_batch_size, mask, "cpu", start):
             output, loss_function = forward_step(state, iter([batch]), model)
             loss_sum, num_tokens, report = loss_function(output)
             (loss_sum / num_tokens / micro_batches).backward()
@@ -169,15 +237,7 @@ def _run(config, args: argparse.Namespace) -> int:
         print(f"{step + 1:>4} {float(lm):>9.4f} {kd} {tokens / elapsed:>9.0f}", flush=True)
 
     after = robustness_curve(model, held_out, provider.noise, REPORT_SCALES, logits_of)
-    curves = {"before": before, "after": after}
-    print(f"\nrobustness report: held-out loss and KL(clean || noisy) in nats/token against {scale_name}")
-    print(format_report(curves, scale_name))
-    report_path = os.path.join(args.output_dir, "robustness.json")
-    with open(report_path, "w") as handle:
-        json.dump({name: [dataclasses.asdict(p) for p in points] for name, points in curves.items()}, handle, indent=2)
-    plot_path = os.path.join(args.output_dir, "robustness.png")
-    plotted = plot_report(curves, scale_name, plot_path)
-    print(f"report: {report_path}" + (f"; plot: {plot_path}" if plotted else " (install matplotlib for the plot)"))
+    write_report({"before": before, "after": after}, scale_name, args.output_dir)
     return 0
 
 

@@ -15,7 +15,7 @@ It decides three things from the config, so a recipe only has to return one:
   dict-valued fields such as ``env_vars``), ``~key`` deletes one (a dataclass field goes back to its default);
 - the forward step: ``distillation_forward_step`` for a ``NoisyDistillationProvider``, else ``noise_forward_step``;
 - the entry: Bridge's ``finetune`` when ``checkpoint.pretrained_checkpoint`` names weights to start from, else
-  ``pretrain`` (the tiny recipes train from scratch on mock data; both resume from ``checkpoint.load``).
+  ``pretrain`` (the tiny recipes train from scratch on the embedded corpus; both resume from ``checkpoint.load``).
 
 Bridge's loop needs a GPU, so ``launch`` checks for one first, before it imports Bridge or writes anything.
 Importing this module is cheap: Bridge and torch are imported only when a function needs them.
@@ -69,16 +69,28 @@ def training_entry_for(config: Any) -> Callable:
     return import_bridge("megatron.bridge.training.pretrain").pretrain
 
 
-def launch(config: Any, overrides: Sequence[str] = (), *, forward_step: Callable | None = None) -> None:
+def launch(
+    config: Any,
+    overrides: Sequence[str] = (),
+    *,
+    forward_step: Callable | None = None,
+    callbacks: Sequence[Any] | None = None,
+) -> None:
     """Train ``config`` (after ``overrides``) with Bridge's real loop and the plugin's forward step.
 
     Checks for a GPU first (``GPUUnavailableError``), then applies the overrides, lets Bridge use megatron-core's
     prebuilt dataset helper (``use_prebuilt_dataset_helpers``) and calls ``training_entry_for(config)`` with
-    ``forward_step`` (default: ``forward_step_for(config)``). Under ``torchrun`` every rank calls this.
+    ``forward_step`` (default: ``forward_step_for(config)``) and Bridge ``callbacks``. Under ``torchrun`` every
+    rank calls this.
     """
     from nemo_noise_plugin.config_io import apply_overrides
 
     require_gpu()
     config = apply_overrides(config, list(overrides))
     use_prebuilt_dataset_helpers()
-    training_entry_for(config)(config, forward_step or forward_step_for(config))
+    entry = training_entry_for(config)
+    step = forward_step or forward_step_for(config)
+    if callbacks:
+        entry(config, step, callbacks=list(callbacks))
+    else:
+        entry(config, step)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin, make_noisy
-from nemo_noise_plugin.utils import deepcopy_module_with_process_groups
+from nemo_noise_plugin.noisy_gpt import make_noisy
 
 _SCALE_FIELDS = {
     "uniform": "alpha",
@@ -65,19 +65,17 @@ def robustness_curve(
 ) -> list[RobustnessPoint]:
     """Loss and KL(clean || noisy) of ``model`` at each scale (``logits_of(model, batch)`` -> ``[b, s, V]``).
 
-    Batches hold ``labels`` and ``loss_mask`` ``[b, s]``. The model is not modified: it is evaluated through a
-    clean copy and a noisy copy.
+    Batches hold ``labels`` and ``loss_mask`` ``[b, s]``. The model (wrapped or not) is not modified: it is
+    evaluated through frozen copies (``build_clean_teacher``), clean and noisy.
     """
-    clean = deepcopy_module_with_process_groups(model)
-    if isinstance(clean, NoiseInjectionMixin):
-        clean._init_noise(NoiseConfig(enabled=False))
+    clean = build_clean_teacher(model)  # a frozen, noise-free copy that shares groups and config
     clean.eval()
     points = []
     with torch.no_grad():
         clean_log_probs = [logits_of(clean, batch).float().log_softmax(-1) for batch in batches]
         tokens = sum(batch["loss_mask"].sum() for batch in batches)
         for scale in scales:
-            noisy = make_noisy(deepcopy_module_with_process_groups(clean), noise_at_scale(noise, scale))
+            noisy = make_noisy(build_clean_teacher(clean), noise_at_scale(noise, scale))
             noisy.eval()
             loss = kl = 0.0
             for index, (reference, batch) in enumerate(zip(clean_log_probs, batches, strict=True)):
