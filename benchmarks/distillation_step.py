@@ -85,48 +85,25 @@ def _copy_weights(source_chunks, target_chunks):
 
 
 def _config(model):
-    from megatron.core.distributed import DistributedDataParallelConfig
+    import tempfile
 
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.recipes.tiny import small_gpt_config
 
-    c = import_bridge("megatron.bridge.training.config")
-    tokenizer = import_bridge("megatron.bridge.training.tokenizers.config")
-    return c.ConfigContainer(
-        model=model,
-        train=c.TrainingConfig(train_iters=0, global_batch_size=GLOBAL_BATCH, micro_batch_size=MICRO_BATCH),
-        validation=c.ValidationConfig(eval_interval=10_000, eval_iters=0),
-        optimizer=c.OptimizerConfig(
-            optimizer="adam",
-            lr=1e-5,
-            min_lr=1e-6,
-            weight_decay=0.0,
-            bf16=True,
-            use_distributed_optimizer=False,
-            clip_grad=1.0,
-        ),
-        scheduler=c.SchedulerConfig(
-            lr_decay_style="constant",
-            lr_warmup_iters=0,
-            start_weight_decay=0.0,
-            end_weight_decay=0.0,
-            weight_decay_incr_style="constant",
-        ),
-        ddp=DistributedDataParallelConfig(use_distributed_optimizer=False, grad_reduce_in_fp32=True),
-        dataset=c.MockGPTDatasetConfig(
-            seq_length=SEQ,
-            random_seed=1234,
-            reset_attention_mask=False,
-            reset_position_ids=False,
-            eod_mask_loss=False,
-            num_dataset_builder_threads=1,
-            dataloader_type="single",
-            num_workers=0,
-        ),
-        logger=c.LoggerConfig(log_interval=5),
-        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=MODEL["vocab_size"]),
-        checkpoint=c.CheckpointConfig(save=None, ckpt_format="torch_dist"),
-        rng=c.RNGConfig(seed=1234),
+    config = small_gpt_config(
+        model,
+        run_dir=tempfile.mkdtemp(),
+        train_iters=0,
+        seq_length=SEQ,
+        lr=1e-5,
+        data="mock",
+        vocab_size=MODEL["vocab_size"],
     )
+    config.train.global_batch_size, config.train.micro_batch_size = GLOBAL_BATCH, MICRO_BATCH
+    config.validation.eval_interval, config.validation.eval_iters = 10_000, 0
+    config.scheduler.lr_decay_style = "constant"
+    config.logger.log_interval = 5
+    config.checkpoint.save = config.checkpoint.load = None
+    return config
 
 
 def run_mode(mode: str, iterations: int, warmup: int) -> dict:

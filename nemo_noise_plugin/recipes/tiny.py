@@ -83,14 +83,25 @@ def _dataset(data: str, run_dir: str, seq_length: int):
     return c.GPTDatasetConfig(data_path=prefix, split="9,1,0", **common)
 
 
-def _tiny_container(
-    model, *, dir: str | None, name: str, train_iters: int, seq_length: int, lr: float, data: str = "corpus"
+def small_gpt_config(
+    model,
+    *,
+    run_dir: str,
+    train_iters: int,
+    seq_length: int,
+    lr: float,
+    data: str = "corpus",
+    vocab_size: int = CORPUS_VOCAB_SIZE,
 ):
+    """A single-node Bridge ``ConfigContainer`` for a small GPT ``model``: Adam, bf16, DDP, null tokenizer.
+
+    ``data`` is ``corpus`` (the shipped corpus, written under ``run_dir/data``) or ``mock``; checkpoints go to
+    ``run_dir/checkpoints`` twice per run. The tiny recipes and the benchmarks start from it.
+    """
     from megatron.core.distributed import DistributedDataParallelConfig
 
     c = import_bridge("megatron.bridge.training.config")
     tokenizer = import_bridge("megatron.bridge.training.tokenizers.config")
-    run_dir = os.path.join(dir if dir is not None else os.path.join(os.getcwd(), "nemo_experiments"), name)
     return c.ConfigContainer(
         model=model,
         train=c.TrainingConfig(train_iters=train_iters, global_batch_size=8, micro_batch_size=2),
@@ -114,7 +125,7 @@ def _tiny_container(
         ddp=DistributedDataParallelConfig(use_distributed_optimizer=False, grad_reduce_in_fp32=True),
         dataset=_dataset(data, run_dir, seq_length),
         logger=c.LoggerConfig(log_interval=1),
-        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=CORPUS_VOCAB_SIZE),
+        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=vocab_size),
         checkpoint=c.CheckpointConfig(
             save=os.path.join(run_dir, "checkpoints"),
             load=os.path.join(run_dir, "checkpoints"),
@@ -123,6 +134,10 @@ def _tiny_container(
         ),
         rng=c.RNGConfig(seed=1234),
     )
+
+
+def _run_dir(dir: str | None, name: str) -> str:
+    return os.path.join(dir if dir is not None else os.path.join(os.getcwd(), "nemo_experiments"), name)
 
 
 def tiny_noise_sft_config(
@@ -138,7 +153,9 @@ def tiny_noise_sft_config(
     from nemo_noise_plugin.providers import NoisyGPTModelProvider
 
     model = NoisyGPTModelProvider(**_tiny_model_settings(seq_length), noise=noise or NoiseConfig(alpha=5.0))
-    return _tiny_container(model, dir=dir, name=name, train_iters=train_iters, seq_length=seq_length, lr=lr, data=data)
+    return small_gpt_config(
+        model, run_dir=_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
+    )
 
 
 def tiny_noise_distillation_config(
@@ -157,4 +174,6 @@ def tiny_noise_distillation_config(
     model = NoisyDistillationProvider(
         **_tiny_model_settings(seq_length), noise=noise or NoiseConfig(alpha=5.0), kd=kd or KDConfig()
     )
-    return _tiny_container(model, dir=dir, name=name, train_iters=train_iters, seq_length=seq_length, lr=lr, data=data)
+    return small_gpt_config(
+        model, run_dir=_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
+    )
