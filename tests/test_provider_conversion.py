@@ -60,7 +60,11 @@ def _on_cpu(bridge, provider):
     """The CPU settings of tests/test_providers.py: local layer spec, CUDA-only fusions off, finalized."""
     from nemo_noise_plugin.recipes.tiny import local_spec_settings
 
-    for name, value in dict(local_spec_settings(), use_cpu_initialization=True).items():
+    settings = dict(local_spec_settings(), use_cpu_initialization=True)
+    # Megatron records the attention backend in process-wide NVTE_* variables and refuses a second, different one;
+    # the other in-process tests build models with the default backend, so these keep it too.
+    settings.pop("attention_backend")
+    for name, value in settings.items():
         setattr(provider, name, value)
     provider.finalize()
     return provider
