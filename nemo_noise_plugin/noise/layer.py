@@ -15,7 +15,7 @@ import torch
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.lengths import group_rank, group_size
 from nemo_noise_plugin.noise.mechanisms import apply_noise, selected_tokens
-from nemo_noise_plugin.noise.positions import LocalLayout, cp_local_rows, global_sample_indices
+from nemo_noise_plugin.noise.positions import LocalLayout, global_sample_indices
 from nemo_noise_plugin.noise.schedule import NoiseClock, schedule_factor
 from nemo_noise_plugin.noise.selection import NoiseBatchInputs, TokenGeometry, token_geometry
 
@@ -59,14 +59,14 @@ class EmbeddingNoise:
             dp_rank=group_rank(dp_group),
         )
 
-    def geometry(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs) -> TokenGeometry:
+    def geometry(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, layout: LocalLayout) -> TokenGeometry:
         """Global positions, real-token mask, lengths and response mask of the local tokens."""
         config = self.config
         return token_geometry(
             decoder_input.size(0),
             decoder_input.size(1),
             batch,
-            self.layout(),
+            layout,
             self._group("cp"),
             need_lengths=config.mechanism in ("uniform", "gaussian") and config.scaling == "true_length",
             need_response=config.tokens != "all",
@@ -76,9 +76,8 @@ class EmbeddingNoise:
     def __call__(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, clock: NoiseClock) -> torch.Tensor:
         """Return ``decoder_input`` plus this (iteration, microbatch)'s noise; gradients flow to the input."""
         layout = self.layout()
-        geometry = self.geometry(decoder_input, batch)
-        rows = cp_local_rows(decoder_input.size(0), layout, decoder_input.device)
-        selected = selected_tokens(self.config, geometry, batch.input_ids, rows)
+        geometry = self.geometry(decoder_input, batch, layout)
+        selected = selected_tokens(self.config, geometry, batch.input_ids)
         micro_batch_size = decoder_input.size(1)
         sample_index = global_sample_indices(micro_batch_size, clock.microbatch, layout, decoder_input.device)
         return apply_noise(

@@ -19,9 +19,7 @@ from nemo_noise_plugin.noise.sampling import add_noise, unit_noise
 from nemo_noise_plugin.noise.selection import TokenGeometry
 
 
-def selected_tokens(
-    config: NoiseConfig, geometry: TokenGeometry, input_ids: torch.Tensor | None, rows: torch.Tensor
-) -> torch.Tensor:
+def selected_tokens(config: NoiseConfig, geometry: TokenGeometry, input_ids: torch.Tensor | None) -> torch.Tensor:
     """``[s, b]`` True for tokens that get noise: real, in the selected part, and not a special token."""
     selected = geometry.valid
     if config.tokens == "response":
@@ -33,7 +31,7 @@ def selected_tokens(
             raise ValueError(
                 "NoiseConfig.special_token_ids is set, but the forward call passed no input_ids to check them against."
             )
-        local_ids = input_ids.reshape(input_ids.size(0), -1)[:, rows].t()
+        local_ids = input_ids.reshape(input_ids.size(0), -1)[:, geometry.rows].t()
         special = torch.isin(local_ids, torch.tensor(config.special_token_ids, device=local_ids.device))
         selected = selected & ~special
     return selected

@@ -50,6 +50,8 @@ class NoiseBatchInputs:
 class TokenGeometry:
     """Per local token (``[s, b]``): global position, real-token mask, sequence length, response mask."""
 
+    rows: torch.Tensor
+    """``[s]`` int64 index of each local row in the context-parallel-local masks (undoing the SP scatter)."""
     positions: torch.Tensor
     """``[s]`` int64 global token positions of the local rows (packed position under THD)."""
     valid: torch.Tensor
@@ -107,6 +109,7 @@ def token_geometry(
         previous = torch.cat([torch.zeros_like(global_loss[:, :1]), global_loss[:, :-1]], dim=1)
         response = previous[:, positions].t()
     return TokenGeometry(
+        rows=local_index,
         positions=positions,
         valid=valid,
         lengths=lengths.view(1, -1).expand(local_rows, batch_size),
@@ -157,6 +160,7 @@ def _packed_geometry(
         previous = torch.cat([torch.zeros_like(global_loss[:1]), global_loss[:-1]])
         response = (previous[positions] & (offset > 0)).view(-1, 1)
     return TokenGeometry(
+        rows=local_index,
         positions=positions,
         valid=valid.view(-1, 1),
         lengths=true_lengths[sequence].clamp_min(1.0).view(-1, 1),
