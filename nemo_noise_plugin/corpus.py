@@ -11,10 +11,14 @@ BYTE_VOCAB_SIZE = 256
 PAD_TOKEN = 0
 
 
+def corpus_bytes() -> bytes:
+    """The shipped corpus file, as bytes."""
+    return resources.files("nemo_noise_plugin").joinpath("data/corpus.txt").read_bytes()
+
+
 def load_corpus_tokens() -> torch.Tensor:
     """The shipped corpus as a 1-D tensor of byte token ids."""
-    text = resources.files("nemo_noise_plugin").joinpath("data/corpus.txt").read_bytes()
-    return torch.tensor(list(text), dtype=torch.long)
+    return torch.tensor(list(corpus_bytes()), dtype=torch.long)
 
 
 @dataclass

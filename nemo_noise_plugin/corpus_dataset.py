@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from importlib import resources
 
 import numpy as np
 import torch
+
+from nemo_noise_plugin.corpus import corpus_bytes
 
 CORPUS_VOCAB_SIZE = 257
 """Byte tokens plus the end-of-document token."""
@@ -21,8 +22,7 @@ END_OF_DOCUMENT = 256
 
 def corpus_documents() -> list[list[int]]:
     """The shipped corpus split into lines, each as byte tokens plus the end-of-document token."""
-    text = resources.files("nemo_noise_plugin").joinpath("data/corpus.txt").read_bytes()
-    lines = [line.strip() for line in text.splitlines()]
+    lines = [line.strip() for line in corpus_bytes().splitlines()]
     return [[*line, END_OF_DOCUMENT] for line in lines if line]
 
 
