@@ -33,6 +33,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m nemo_noise_plugin", description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", choices=RECIPES, default="tiny_noise_sft", help="default tiny_noise_sft")
     parser.add_argument("--steps", type=int, default=30, help="training iterations (default 30)")
+    parser.add_argument(
+        "--stop-after",
+        type=int,
+        help="GPU only: save a checkpoint and stop at this iteration, as an interrupted run would; running the same "
+        "command without it resumes there from the checkpoint in --output-dir",
+    )
     parser.add_argument("--output-dir", default="outputs/main_job", help="report, plot and data (default %(default)s)")
     parser.add_argument("--noise-config", help="YAML of NoiseConfig fields, e.g. configs/noise/gaussian.yaml")
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
@@ -44,6 +50,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps={args.steps} is invalid: expected an integer >= 1.")
+    if args.stop_after is not None and not 1 <= args.stop_after < args.steps:
+        parser.error(f"--stop-after={args.stop_after} is invalid: expected an integer in [1, --steps={args.steps}).")
     if args.lr <= 0:
         parser.error(f"--lr={args.lr} is invalid: expected a number > 0.")
     return args
@@ -73,9 +81,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_noise_plugin import recipes
 
     os.makedirs(args.output_dir, exist_ok=True)
-    config = getattr(recipes, f"{args.recipe}_config")(dir=args.output_dir, train_iters=args.steps, noise=noise)
+    config = getattr(recipes, f"{args.recipe}_config")(
+        dir=args.output_dir, train_iters=args.steps, lr=args.lr, noise=noise
+    )
+    config.train.exit_interval = args.stop_after
     if torch.cuda.is_available():
         return _run_on_gpu(config, args)
+    if args.stop_after is not None:
+        print(
+            "error: --stop-after needs Bridge's training loop (a GPU); the CPU loop writes no checkpoint.",
+            file=sys.stderr,
+        )
+        return 2
 
     from nemo_noise_plugin.testing.cpu_substitutes import CPU_SUBSTITUTES
     from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
@@ -159,14 +176,50 @@ def _run_on_gpu(config, args: argparse.Namespace) -> int:
 
         def on_train_start(self, context) -> None:
             curves["before"] = self._curve(context)
+            if context.state.train_state.step:
+                print(f"resumed: the report's 'before' is the model at iteration {context.state.train_state.step}")
 
         def on_train_end(self, context) -> None:
             curves["after"] = self._curve(context)
 
-    launch(config, callbacks=[RobustnessReport()])
+    launch(config, callbacks=[RobustnessReport(), progress_line_callback(callbacks.Callback)()])
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         write_report(curves, scale_field(noise), args.output_dir)
     return 0
+
+
+def progress_line_callback(base: type) -> type:
+    """A Bridge callback class (subclass of ``base``) printing one line per step: loss, KD loss and tokens/s."""
+
+    class ProgressLine(base):
+        def __init__(self) -> None:
+            self.step_started = 0.0
+
+        def on_train_start(self, context) -> None:
+            print(f"{'step':>9} {'loss':>9} {'kd loss':>9} {'tokens/s':>9}", flush=True)
+
+        def on_train_step_start(self, context) -> None:
+            self.step_started = time.perf_counter()
+
+        def on_train_step_end(self, context) -> None:
+            elapsed = time.perf_counter() - self.step_started
+            train = context.state.cfg.train
+            losses = {key: float(value) for key, value in (context.loss_dict or {}).items()}
+            kd = f"{losses['kd loss']:>9.4f}" if "kd loss" in losses else f"{'-':>9}"
+            tokens = train.global_batch_size * context.state.cfg.model.seq_length
+            step = f"{context.state.train_state.step + 1}/{train.train_iters}"  # Bridge counts it after this event
+            if losses and _is_last_rank():  # the loss exists on the last pipeline stage; print it once
+                print(
+                    f"{step:>9} {losses.get('lm loss', float('nan')):>9.4f} {kd} {tokens / elapsed:>9.0f}", flush=True
+                )
+
+    return ProgressLine
+
+
+def _is_last_rank() -> bool:
+    if not torch.distributed.is_initialized():
+        return True
+    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
 
 
 def _run(config, args: argparse.Namespace) -> int:

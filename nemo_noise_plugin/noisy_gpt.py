@@ -132,23 +132,31 @@ def plain_class_of(noisy_class: type) -> type:
 def _noisy_class_for(model_class: type) -> type:
     if model_class is GPTModel:
         return NoisyGPTModel
+    from nemo_noise_plugin.noisy_hybrid import noisy_hybrid_class_for
+
+    hybrid = noisy_hybrid_class_for(model_class)
+    if hybrid is not None:
+        return hybrid
     return type(f"Noisy{model_class.__name__}", (NoiseInjectionMixin, model_class), {"__module__": __name__})
 
 
 def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig) -> torch.nn.Module:
-    """Make an already built Megatron-Core GPT model noisy, in place, and return the (unwrapped) model.
+    """Make an already built Megatron-Core GPT or hybrid model noisy, in place, and return the (unwrapped) model.
 
-    Accepts a ``GPTModel`` (or subclass) or one wrapped in DDP/FSDP/``Float16Module``. Only this instance's class
-    changes (to a subclass adding ``NoiseInjectionMixin``); parameters, buffers and state-dict keys are untouched.
+    Accepts a ``GPTModel`` or ``HybridModel`` (or subclass) or one wrapped in DDP/FSDP/``Float16Module``. Only this
+    instance's class changes (to a subclass adding ``NoiseInjectionMixin``); parameters, buffers and state-dict keys
+    are untouched.
     A model that is already noisy just takes the new config.
     """
     inner = unwrap_model(model)
     if isinstance(inner, NoiseInjectionMixin):
         inner._init_noise(noise_config)
         return inner
-    if not isinstance(inner, GPTModel):
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+
+    if not isinstance(inner, (GPTModel, HybridModel)):
         raise TypeError(
-            f"make_noisy expects a megatron.core GPTModel (or one wrapped in DDP/Float16Module), "
+            f"make_noisy expects a megatron.core GPTModel or HybridModel (or one wrapped in DDP/Float16Module), "
             f"got {type(inner).__name__}."
         )
     inner.__class__ = _noisy_class_for(type(inner))
