@@ -10,6 +10,8 @@ timers) and add what the plugin needs around it:
 - ``distillation_forward_step`` runs the clean teacher under ``no_grad`` on the same batch, once per microbatch,
   outside the student's autograd graph, and returns the combined CE + KD loss with its parts for logging. The
   teacher's logits live only in the loss function's closure, freed when the schedule drops it after the loss.
+  Under the fine-grained schedule plan (``return_schedule_plan=True``) the loss is computed inside the plan's
+  post-process node instead (``nemo_noise_plugin.schedule_plan.distillation``), where its gradient can leave.
 """
 
 from __future__ import annotations
@@ -132,11 +134,6 @@ def distillation_forward_step(
     from nemo_noise_plugin.distillation.losses import combined_distillation_loss
     from nemo_noise_plugin.distillation.teacher_weights import ready_teacher
 
-    if return_schedule_plan:
-        raise NotImplementedError(
-            "distillation under the fine-grained schedule plan (overlap_moe_expert_parallel_comm) needs the "
-            "plugin's plan nodes, which are not part of this release; turn overlap_moe_expert_parallel_comm off."
-        )
     gpt_step = import_bridge("megatron.bridge.training.gpt_step")
     inner = unwrap_model(model)
     kd_config = inner.config.kd if hasattr(inner.config, "kd") else None
@@ -146,6 +143,8 @@ def distillation_forward_step(
         )
     teacher = ready_teacher(state, model) if kd_config.enabled else None
     sync_noise_clock(model, state.train_state.step)
+    if return_schedule_plan:
+        return _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, teacher, gpt_step)
     capture = _CapturingBatch(model, strip_labels=True)
     hidden = _HiddenStateCapture(inner, teacher, kd_config.hidden_layers if kd_config.hidden_loss != "none" else [])
     with _restoring_noise_mask(capture), hidden.student():
@@ -165,6 +164,51 @@ def distillation_forward_step(
         inner,
     )
     return student_logits, loss_function
+
+
+def _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, teacher, gpt_step):
+    """The plan path: the student's plan computes CE + KD in its post-process node from the teacher's logits.
+
+    The teacher runs here, under ``no_grad`` and before the plan does; its logits reach the loss through the
+    post-process node's ``output_processor`` (``nemo_noise_plugin.schedule_plan.distillation``).
+    """
+    from nemo_noise_plugin.schedule_plan.distillation import (
+        DistillationLossParts,
+        DistillationOutputProcessor,
+        plan_distillation_loss,
+    )
+
+    if kd_config.hidden_loss != "none":
+        raise ValueError(
+            f"KDConfig.hidden_loss={kd_config.hidden_loss!r} is not supported under the fine-grained schedule plan "
+            "(overlap_moe_expert_parallel_comm); use hidden_loss=none."
+        )
+    capture = _CapturingBatch(model, strip_labels=False)
+    with _restoring_noise_mask(capture):
+        plan, loss_mask = gpt_step._forward_step_common(
+            state, data_iterator, model, return_schedule_plan=True, _get_batch_fn=capture
+        )
+    if plan.post_process is None:  # not the last stage: no loss here
+        return plan, partial(_not_last_stage_loss)
+    teacher_logits = None
+    if teacher is not None and kd_config.kd_weight > 0:
+        with torch.no_grad():
+            teacher_logits = teacher(**_teacher_inputs(capture, gpt_step))
+    parts = DistillationLossParts()
+    plan.state.output_processor = DistillationOutputProcessor(
+        kd_config,
+        teacher_logits,
+        loss_mask,
+        capture.labels,
+        inner.pg_collection.tp,
+        bool(inner.config.sequence_parallel),
+    )
+    plan.state.output_processor_context = parts
+    return plan, partial(plan_distillation_loss, parts)
+
+
+def _not_last_stage_loss(output_tensor):
+    raise RuntimeError("the loss function of a pipeline stage without post_process was called.")
 
 
 def _teacher_inputs(capture: _CapturingBatch, gpt_step: Any) -> dict[str, Any]:

@@ -49,10 +49,12 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
                 "not supported with distillation (the teacher's logits exist only on the last stage's teacher "
                 "chunk); use pipeline_model_parallel_size=1, or kd.enabled=false."
             )
-        if getattr(self, "overlap_moe_expert_parallel_comm", False):
+        if getattr(self, "overlap_moe_expert_parallel_comm", False) and self.kd.hidden_loss != "none":
             raise ValueError(
-                "NoisyDistillationProvider: overlap_moe_expert_parallel_comm=True (the fine-grained schedule plan) "
-                "is not supported with distillation in this release; set it to false."
+                f"NoisyDistillationProvider: kd.hidden_loss={self.kd.hidden_loss!r} is not supported with "
+                "overlap_moe_expert_parallel_comm=True: in the fine-grained schedule plan only the post-process "
+                "node's output carries gradients, and intermediate layers' outputs are not part of it; use "
+                "kd.hidden_loss=none or turn overlap_moe_expert_parallel_comm off."
             )
         if self.kd.hidden_loss != "none":
             for index in self.kd.hidden_layers:
