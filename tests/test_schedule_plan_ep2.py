@@ -1,0 +1,111 @@
+"""The fine-grained schedule plan at EP=2 across two gloo CPU processes, with Megatron's validation satisfied.
+
+Expert parallelism 2 (the two processes are also the data-parallel ranks), 4 experts, top-2, the alltoall
+dispatcher, bf16 parameters behind ``Float16Module`` and ``overlap_moe_expert_parallel_comm=True`` set before
+Megatron's config validation. The all-to-all really moves tokens between the processes, and the dispatch and
+combine nodes really release their inputs (``free_input``), which EP=1 cannot show.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tests.multiprocess import run_on_gloo_ranks
+
+MICROBATCHES, MICRO_BATCH_SIZE = 3, 2
+
+
+def _compare(normal, plan) -> dict[str, float]:
+    losses = max(
+        (plan_report[key] - normal_report[key]).abs().max().item()
+        for normal_report, plan_report in zip(normal.reports, plan.reports, strict=True)
+        for key in normal_report
+    )
+    shared = normal.grads.keys() & plan.grads.keys()
+    grads = max((plan.grads[name] - normal.grads[name]).abs().max().item() for name in shared)
+    scale = max(grad.abs().max().item() for grad in normal.grads.values())
+    return {
+        "loss": losses,
+        "grad": grads,
+        "grad scale": scale,
+        "same grads": sorted(plan.grads) == sorted(normal.grads),
+        "lm loss": [report["lm loss"][0].item() / report["lm loss"][1].item() for report in plan.reports],
+    }
+
+
+def _ep2_rank(rank: int, world_size: int, port: int) -> dict[str, dict]:
+    from megatron.core.num_microbatches_calculator import (
+        destroy_num_microbatches_calculator,
+        init_num_microbatches_calculator,
+    )
+    from megatron.core.transformer.module import Float16Module
+
+    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.distillation.kd_config import KDConfig
+    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.testing.cpu_substitutes import install_schedule_plan_substitutes
+    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
+    from nemo_noise_plugin.testing.schedule_plan import (
+        bound_forward_step,
+        bridge_state,
+        build_model,
+        build_provider,
+        microbatches,
+        run_normal_path,
+        run_plan_path,
+        same_weights,
+    )
+
+    init_cpu_parallel(rank=rank, world_size=world_size, port=port, expert_model_parallel_size=2)
+    install_schedule_plan_substitutes()
+    global_batch = MICROBATCHES * MICRO_BATCH_SIZE * world_size
+    init_num_microbatches_calculator(rank, None, global_batch, MICRO_BATCH_SIZE, world_size)
+    settings = dict(
+        expert_model_parallel_size=2,
+        overlap_moe_expert_parallel_comm=True,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+    )
+    bridge_step = import_bridge("megatron.bridge.training.gpt_step").forward_step
+    cases = {
+        "noise": (NoiseConfig(alpha=10.0, tokens="response"), None, noise_forward_step, {}),
+        "noise + KD": (NoiseConfig(alpha=10.0), KDConfig(kd_weight=0.5), distillation_forward_step, {}),
+        "noise, dense last layer": (NoiseConfig(alpha=10.0), None, noise_forward_step, {"moe_layer_freq": [1, 0]}),
+        "upstream, MoE last layer": (None, None, bridge_step, {}),
+        "upstream, dense last layer": (None, None, bridge_step, {"moe_layer_freq": [1, 0]}),
+    }
+    results = {}
+    try:
+        for name, (noise, kd, forward_step, overrides) in cases.items():
+            provider = build_provider(noise, kd, **settings, **overrides)
+            torch.manual_seed(3)
+            normal_model = build_model(provider, mixed_precision_wrapper=Float16Module)
+            plan_model = build_model(provider, mixed_precision_wrapper=Float16Module)
+            same_weights(normal_model, plan_model)
+            step = bound_forward_step(forward_step, bridge_state(provider, global_batch, MICRO_BATCH_SIZE))
+            batches = microbatches(MICROBATCHES, MICRO_BATCH_SIZE, seed=100 + rank)
+            normal = run_normal_path(step, normal_model, batches)
+            plan = run_plan_path(step, plan_model, batches)
+            results[name] = _compare(normal, plan)
+    finally:
+        destroy_num_microbatches_calculator()
+        destroy_cpu_parallel()
+    return results
+
+
+def test_plan_matches_the_normal_path_at_ep2_and_megatrons_plan_misses_the_final_norm():
+    for rank, results in enumerate(run_on_gloo_ranks(_ep2_rank, 2, timeout=600)):
+        print(f"rank {rank}:")
+        for name, result in results.items():
+            print(f"  {name}: {result}")
+        for name in ("noise", "noise + KD", "noise, dense last layer", "upstream, MoE last layer"):
+            assert results[name]["same grads"], name
+            # Losses are bit-identical; bf16 gradients differ by the order in which the plan accumulates them
+            # (observed: at most 1 bf16 unit in the last place of the largest gradient, for Megatron's plan too).
+            assert results[name]["loss"] == 0.0, (name, results[name])
+            assert results[name]["grad"] <= results[name]["grad scale"] / 64, (name, results[name])
+        upstream_dense = results["upstream, dense last layer"]
+        assert upstream_dense["loss"] > 1e-2, upstream_dense  # Megatron-Core's plan skips the final layernorm
+        assert results["noise, dense last layer"]["lm loss"] != results["noise"]["lm loss"]
