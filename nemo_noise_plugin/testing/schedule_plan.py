@@ -75,14 +75,16 @@ def build_provider(noise=None, kd=None, **overrides: Any):
 
 
 def build_model(provider, mixed_precision_wrapper=None):
-    """One model chunk on the CPU (no DDP), with the provider's pre/post-wrap hooks (the teacher, with KD)."""
+    """One model chunk (no DDP), with the provider's pre/post-wrap hooks (the teacher, with KD)."""
     (chunk,) = provider.provide_distributed_model(
-        use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=mixed_precision_wrapper
+        use_cpu_initialization=not torch.cuda.is_available(),
+        wrap_with_ddp=False,
+        mixed_precision_wrapper=mixed_precision_wrapper,
     )
     return chunk
 
 
-def bridge_state(provider, global_batch_size: int, micro_batch_size: int, step: int = 0):
+def bridge_state(provider, global_batch_size: int, micro_batch_size: int, step: int = 0, seq_length: int = SEQ):
     """A Bridge ``GlobalState`` whose config holds ``provider`` (the forward steps read its loss settings)."""
     from nemo_noise_plugin.bridge_imports import import_bridge
 
@@ -96,10 +98,14 @@ def bridge_state(provider, global_batch_size: int, micro_batch_size: int, step: 
         optimizer=config.OptimizerConfig(optimizer="adam", lr=1e-4),
         scheduler=config.SchedulerConfig(),
         dataset=config.MockGPTDatasetConfig(
-            seq_length=SEQ, random_seed=1, reset_attention_mask=False, reset_position_ids=False, eod_mask_loss=False
+            seq_length=seq_length,
+            random_seed=1,
+            reset_attention_mask=False,
+            reset_position_ids=False,
+            eod_mask_loss=False,
         ),
         logger=config.LoggerConfig(),
-        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=VOCAB),
+        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="NullTokenizer", vocab_size=provider.vocab_size),
         checkpoint=config.CheckpointConfig(),
         rng=config.RNGConfig(),
     )
@@ -110,23 +116,30 @@ def bridge_state(provider, global_batch_size: int, micro_batch_size: int, step: 
     return state
 
 
-def microbatches(count: int, micro_batch_size: int, seed: int, device: str | torch.device = "cpu") -> list[dict]:
+def microbatches(
+    count: int,
+    micro_batch_size: int,
+    seed: int,
+    device: str | torch.device = "cpu",
+    seq_length: int = SEQ,
+    vocab_size: int = VOCAB,
+) -> list[dict]:
     """``count`` Bridge-style batches: random tokens, a prompt/response loss mask and padding at the end."""
     generator = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(count):
-        tokens = torch.randint(0, VOCAB, (micro_batch_size, SEQ), generator=generator)
-        loss_mask = torch.zeros(micro_batch_size, SEQ)
+        tokens = torch.randint(0, vocab_size, (micro_batch_size, seq_length), generator=generator)
+        loss_mask = torch.zeros(micro_batch_size, seq_length)
         for row in range(micro_batch_size):
-            start = int(torch.randint(2, 10, (), generator=generator))
-            end = int(torch.randint(start + 4, SEQ, (), generator=generator))
+            start = int(torch.randint(2, max(3, seq_length // 4), (), generator=generator))
+            end = int(torch.randint(start + 4, seq_length, (), generator=generator))
             loss_mask[row, start:end] = 1
         batch = {
             "tokens": tokens,
             "labels": torch.roll(tokens, -1, dims=1),
             "loss_mask": loss_mask,
-            "position_ids": torch.arange(SEQ).expand(micro_batch_size, -1).contiguous(),
-            "attention_mask": causal_attention_mask(SEQ),
+            "position_ids": torch.arange(seq_length).expand(micro_batch_size, -1).contiguous(),
+            "attention_mask": causal_attention_mask(seq_length),
         }
         batches.append({key: value.to(device) for key, value in batch.items()})
     return batches

@@ -1,0 +1,253 @@
+"""The fine-grained schedule plan on 2 GPUs (EP=2): equivalence with the normal path, and the step time of noise.
+
+Run with ``torchrun --nproc-per-node 2 benchmarks/schedule_plan_step.py [--json results.json]``. A MoE GPT (local
+spec, 4 experts, top-2, alltoall dispatcher, bf16 behind ``Float16Module``), EP=2 (the two GPUs are also the data-
+parallel ranks), driven by Megatron-Core's own ``forward_backward_no_pipelining`` with the plugin's Bridge forward
+steps and a Bridge ``GlobalState``:
+
+1. Equivalence: for noise and for noise + KD, one step through the normal path (``overlap_moe_expert_parallel_comm``
+   off) and one through the plan (on), same weights and microbatches: the largest loss and gradient differences.
+2. Step time of the plan (combined 1F1B): Megatron's own plan on a plain ``GPTModel`` with Bridge's GPT step (twice,
+   two model copies: the spread between them is the measurement's noise floor), the plugin's plan with noise off,
+   with noise of alpha 1e-6 (all the noise work, but too small to change which experts the router picks), with
+   NEFTune alpha 5, and with noise + KD (clean teacher forward included). Noise that changes the embeddings also
+   changes the routing, hence the experts' load and the all-to-all sizes: the alpha 1e-6 row is the cost of the
+   noise itself, the alpha 5 row includes the effect of the different routing. The three run in interleaved
+   rounds (rotating which goes first) after a warm-up, on the same weights, with CUDA synchronisation around each
+   step; the median step times are printed as ratios to the plain plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+MODEL = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, moe_ffn_hidden_size=2048, vocab_size=32768)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-length", type=int, default=2048)
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--sync-debug", action="store_true", help="list where each mode makes the host wait")
+    parser.add_argument("--json", help="write the results here (rank 0)")
+    return parser.parse_args()
+
+
+def _initialise() -> tuple[int, int]:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    torch.distributed.init_process_group("nccl")
+    parallel_state.initialize_model_parallel(expert_model_parallel_size=world_size)
+    model_parallel_cuda_manual_seed(1234)
+    return rank, world_size
+
+
+def _settings(args: argparse.Namespace, overlap: bool) -> dict:
+    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+
+    settings = {key: value for key, value in local_spec_settings().items() if key != "transformer_layer_spec"}
+    return dict(
+        **settings,
+        **MODEL,
+        seq_length=args.seq_length,
+        use_cpu_initialization=False,
+        expert_model_parallel_size=torch.distributed.get_world_size(),
+        overlap_moe_expert_parallel_comm=overlap,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+    )
+
+
+def _build(args, noise, kd, overlap: bool):
+    from megatron.core.transformer.module import Float16Module
+
+    from nemo_noise_plugin.testing.schedule_plan import build_model, build_provider
+
+    provider = build_provider(noise, kd, **_settings(args, overlap))
+    torch.manual_seed(7)
+    return provider, build_model(provider, mixed_precision_wrapper=Float16Module)
+
+
+def _step(forward_step, provider, model, batches, args, world_size: int):
+    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+
+    from nemo_noise_plugin.testing.schedule_plan import bound_forward_step, bridge_state
+
+    global_batch = args.microbatches * args.micro_batch_size * world_size
+    state = bridge_state(provider, global_batch, args.micro_batch_size, seq_length=args.seq_length)
+    model.zero_grad(set_to_none=True)
+    return get_forward_backward_func()(
+        forward_step_func=bound_forward_step(forward_step, state),
+        data_iterator=iter(batches),
+        model=[model],
+        num_microbatches=len(batches),
+        seq_length=args.seq_length,
+        micro_batch_size=args.micro_batch_size,
+    )
+
+
+def _gradients(model) -> dict[str, torch.Tensor]:
+    return {name: p.grad.float().clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def equivalence(args, world_size: int, rank: int) -> dict[str, dict]:
+    from nemo_noise_plugin.distillation.kd_config import KDConfig
+    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.testing.schedule_plan import microbatches, same_weights
+
+    cases = {
+        "noise": (NoiseConfig(alpha=5.0, tokens="response"), None, noise_forward_step),
+        "noise + KD": (NoiseConfig(alpha=5.0), KDConfig(kd_weight=0.5), distillation_forward_step),
+    }
+    results = {}
+    for name, (noise, kd, forward_step) in cases.items():
+        normal_provider, normal_model = _build(args, noise, kd, overlap=False)
+        plan_provider, plan_model = _build(args, noise, kd, overlap=True)
+        same_weights(normal_model, plan_model)
+        batches = microbatches(
+            args.microbatches,
+            args.micro_batch_size,
+            seed=100 + rank,
+            device="cuda",
+            seq_length=args.seq_length,
+            vocab_size=MODEL["vocab_size"],
+        )
+        normal_reports = _step(forward_step, normal_provider, normal_model, batches, args, world_size)
+        plan_reports = _step(forward_step, plan_provider, plan_model, batches, args, world_size)
+        normal_grads, plan_grads = _gradients(normal_model), _gradients(plan_model)
+        loss_difference = max(
+            (plan[key].float() - normal[key].float()).abs().max().item()
+            for normal, plan in zip(normal_reports, plan_reports, strict=True)
+            for key in normal
+        )
+        relative_grads = [
+            ((plan_grads[key] - normal_grads[key]).norm() / normal_grads[key].norm().clamp_min(1e-30)).item()
+            for key in normal_grads
+        ]
+        results[name] = {
+            "microbatches": len(plan_reports),
+            "lm loss (plan)": [float(r["lm loss"][0] / r["lm loss"][1]) for r in plan_reports],
+            "lm loss (normal)": [float(r["lm loss"][0] / r["lm loss"][1]) for r in normal_reports],
+            "max |loss difference|": loss_difference,
+            "max relative gradient difference": max(relative_grads),
+            "same parameters with gradients": sorted(plan_grads) == sorted(normal_grads),
+        }
+        del normal_model, plan_model
+        torch.cuda.empty_cache()
+    return results
+
+
+def step_times(args, world_size: int, rank: int) -> dict[str, float]:
+    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.distillation.kd_config import KDConfig
+    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.testing.schedule_plan import microbatches
+
+    modes = {
+        "plain plan (Megatron)": (None, None, import_bridge("megatron.bridge.training.gpt_step").forward_step),
+        "plain plan, 2nd copy": (None, None, import_bridge("megatron.bridge.training.gpt_step").forward_step),
+        "plugin plan, noise off": (NoiseConfig(enabled=False), None, noise_forward_step),
+        "noise plan, alpha 1e-6": (NoiseConfig(alpha=1e-6), None, noise_forward_step),
+        "noise plan": (NoiseConfig(alpha=5.0), None, noise_forward_step),
+        "noise + KD plan": (NoiseConfig(alpha=5.0), KDConfig(kd_weight=0.5), distillation_forward_step),
+    }
+    from nemo_noise_plugin.testing.schedule_plan import same_weights
+
+    built = {name: (_build(args, noise, kd, overlap=True), step) for name, (noise, kd, step) in modes.items()}
+    # One set of weights for all three: with a random router, other weights route tokens to experts (and across
+    # the two GPUs) differently, which changes the step time by a few percent on its own.
+    reference = built["plain plan (Megatron)"][0][1]
+    for (_, model), _ in built.values():
+        same_weights(reference, model)
+    batches = microbatches(
+        args.microbatches,
+        args.micro_batch_size,
+        seed=200 + rank,
+        device="cuda",
+        seq_length=args.seq_length,
+        vocab_size=MODEL["vocab_size"],
+    )
+    if args.sync_debug:
+        _report_host_syncs(built, batches, args, world_size, rank)
+    times: dict[str, list[float]] = {name: [] for name in modes}
+    names = list(built)
+    for round_index in range(args.warmup + args.rounds):
+        order = names[round_index % len(names) :] + names[: round_index % len(names)]  # rotate: no fixed position
+        for name in order:
+            (provider, model), forward_step = built[name]
+            torch.cuda.synchronize()
+            torch.distributed.barrier()
+            start = time.perf_counter()
+            _step(forward_step, provider, model, batches, args, world_size)
+            torch.cuda.synchronize()
+            if round_index >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    gathered = [None] * world_size
+    torch.distributed.all_gather_object(gathered, medians)
+    return {name: max(rank_medians[name] for rank_medians in gathered) for name in modes}  # the slower rank
+
+
+def _report_host_syncs(built, batches, args, world_size: int, rank: int) -> None:
+    """One step of each mode under ``torch.cuda.set_sync_debug_mode``: where the host waits for the GPU."""
+    import warnings
+
+    for name, ((provider, model), forward_step) in built.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                _step(forward_step, provider, model, batches, args, world_size)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        places = sorted({f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)})
+        if rank == 0:
+            print(f"host syncs, {name}: {len(places)} places: {places}")
+
+
+def main() -> None:
+    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+
+    args = parse_args()
+    rank, world_size = _initialise()
+    init_num_microbatches_calculator(
+        rank, None, args.microbatches * args.micro_batch_size * world_size, args.micro_batch_size, world_size
+    )
+    results = {"equivalence": equivalence(args, world_size, rank)}
+    medians = step_times(args, world_size, rank)
+    plain = medians["plain plan (Megatron)"]
+    results["step time (s, median, slower rank)"] = medians
+    results["ratio to the plain plan"] = {name: value / plain for name, value in medians.items()}
+    if rank == 0:
+        device = torch.cuda.get_device_name()
+        print(
+            f"{world_size} x {device}, EP={world_size}, {MODEL}, seq {args.seq_length}, "
+            f"micro-batch {args.micro_batch_size}, {args.microbatches} microbatches"
+        )
+        for name, result in results["equivalence"].items():
+            print(f"equivalence, {name}: {result}")
+        for name, value in medians.items():
+            print(f"{name:>24}: {value * 1000:8.2f} ms  ({value / plain:.4f}x the plain plan)")
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(results, handle, indent=2)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
