@@ -9,6 +9,7 @@ import and never by the shipped package's own code paths.
 from __future__ import annotations
 
 import contextlib
+import types
 from collections.abc import Iterator
 
 import torch
@@ -30,6 +31,8 @@ SCHEDULE_PLAN_SUBSTITUTES: dict[str, str] = {
     "CpuEvent, which do nothing: on the CPU every operation has finished when it returns, so the schedule plan's "
     "stream waits and event records have nothing to order",
     "torch.Tensor.record_stream": "a no-op (there is no caching allocator to tell about other streams)",
+    "megatron.core.pipeline_parallel.schedules: torch.zeros(device='cuda')": "allocates on the CPU: the "
+    "schedules create their token counter with a literal 'cuda' device (the module's own torch.zeros only)",
     "megatron.core.transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu": "also converts CPU tensors to "
     "numpy when asked to (as_numpy=True), as it does for CUDA tensors, so the all-to-all split sizes have the type "
     "the dispatcher expects",
@@ -156,4 +159,18 @@ def install_schedule_plan_substitutes() -> None:
         return upstream(tensor, as_numpy=as_numpy, record_stream=record_stream)
 
     token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _TorchAllocatingOnCpu("torch")
     _plan_installed = True
+
+
+class _TorchAllocatingOnCpu(types.ModuleType):
+    """``torch`` as Megatron's ``pipeline_parallel.schedules`` sees it: ``zeros(device="cuda")`` is a CPU tensor."""
+
+    def __getattr__(self, name: str):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, device=None, **kwargs):
+        return torch.zeros(*args, device="cpu" if str(device).startswith("cuda") else device, **kwargs)

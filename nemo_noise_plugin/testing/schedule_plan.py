@@ -229,3 +229,27 @@ def bound_forward_step(forward_step: Callable, state: Any) -> Callable:
 def same_weights(source: torch.nn.Module, target: torch.nn.Module) -> None:
     """Copy ``source``'s parameters and buffers into ``target`` (built from the same provider)."""
     target.load_state_dict(source.state_dict())
+
+
+def run_interleaved(chunks: list[torch.nn.Module], batches: list[dict], state: Any, forward_step=None) -> PathResult:
+    """One step of Megatron's interleaved pipeline schedule over the model chunks of this rank.
+
+    ``forward_backward_pipelining_with_interleaving`` takes the plan path (combined 1F1B) when the chunks' config
+    has ``overlap_moe_expert_parallel_comm``. Gradients are keyed ``"<chunk>.<parameter name>"``.
+    """
+    from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
+    from megatron.core.utils import get_model_config
+
+    from nemo_noise_plugin.forward_step import noise_forward_step
+
+    config = get_model_config(chunks[0])
+    store = get_forward_backward_func()(
+        forward_step_func=bound_forward_step(forward_step or noise_forward_step, state),
+        data_iterator=[iter(batches) for _ in chunks],
+        model=chunks,
+        num_microbatches=len(batches),
+        seq_length=config.seq_length,
+        micro_batch_size=batches[0]["tokens"].size(0),
+    )
+    grads = {f"{index}.{name}": grad for index, chunk in enumerate(chunks) for name, grad in _gradients(chunk).items()}
+    return PathResult(list(store), grads)
