@@ -22,10 +22,78 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
 from nemo_noise_plugin.noise.schedule import NoiseClock
 
-__all__ = ["NoiseInjectionMixin", "NoisyGPTModel", "make_noisy", "plain_class_of"]
+__all__ = [
+    "NoiseInjectionMixin",
+    "NoisyGPTModel",
+    "PluginSchedulePlanMixin",
+    "make_noisy",
+    "plain_class_of",
+    "use_plugin_schedule_plan",
+]
 
 
-class NoiseInjectionMixin:
+class PluginSchedulePlanMixin:
+    """``build_schedule_plan`` returning the plugin's fine-grained schedule plan (``nemo_noise_plugin.schedule_plan``).
+
+    Every model chunk a plugin provider builds has it, noisy or not: under pipelining the chunks without noise
+    (later stages, holding the last layer and the loss) need the plugin's nodes as much as the first one.
+    """
+
+    def build_schedule_plan(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        decoder_input: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        inference_context: Any = None,
+        packed_seq_params: Any = None,
+        extra_block_kwargs: dict | None = None,
+        runtime_gather_output: bool | None = None,
+        inference_params: Any = None,
+        loss_mask: torch.Tensor | None = None,
+        padding_mask: torch.Tensor | None = None,
+        *,
+        output_processor: Any = None,
+        output_processor_context: Any = None,
+    ):
+        """``GPTModel.build_schedule_plan`` with the plugin's nodes (``nemo_noise_plugin.schedule_plan``).
+
+        The plan's pre-process node runs later, when Megatron schedules it; the loss mask that a noise layer needs
+        (``loss_mask``, else the one an enclosing ``noise_batch_inputs`` or the forward step handed over) is stored
+        in the plan's chunk state now and given to ``_preprocess`` then.
+        """
+        from nemo_noise_plugin.schedule_plan import NoisyModelChunkSchedulePlan
+
+        if not isinstance(self, GPTModel):
+            raise NotImplementedError(
+                f"{type(self).__name__} has no fine-grained schedule plan in megatron-core 0.19.2 (only GPTModel); "
+                "turn overlap_moe_expert_parallel_comm off. See docs/hybrid_model.md."
+            )
+        if self.config.fine_grained_activation_offloading:
+            self.preprocess_for_fine_grained_offloading()
+        if self.config.moe_paged_stash:
+            self.preprocess_for_paged_stash()
+        plan = NoisyModelChunkSchedulePlan(
+            self,
+            input_ids,
+            position_ids,
+            attention_mask,
+            decoder_input,
+            labels,
+            packed_seq_params,
+            extra_block_kwargs,
+            runtime_gather_output,
+            loss_mask,
+            padding_mask,
+            output_processor=output_processor,
+            output_processor_context=output_processor_context,
+        )
+        plan.state.noise_loss_mask = loss_mask if loss_mask is not None else getattr(self, "_noise_loss_mask", None)
+        return plan
+
+
+class NoiseInjectionMixin(PluginSchedulePlanMixin):
     """Adds ``EmbeddingNoise`` to a Megatron-Core language model through its ``_preprocess`` method.
 
     Mix in before the model class (``class Noisy(NoiseInjectionMixin, GPTModel)``) and call ``_init_noise`` after
@@ -83,59 +151,6 @@ class NoiseInjectionMixin:
         with self.noise_batch_inputs(loss_mask if loss_mask is not None else self._noise_loss_mask):
             return super().forward(*args, loss_mask=loss_mask, **kwargs)
 
-    def build_schedule_plan(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        decoder_input: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        inference_context: Any = None,
-        packed_seq_params: Any = None,
-        extra_block_kwargs: dict | None = None,
-        runtime_gather_output: bool | None = None,
-        inference_params: Any = None,
-        loss_mask: torch.Tensor | None = None,
-        padding_mask: torch.Tensor | None = None,
-        *,
-        output_processor: Any = None,
-        output_processor_context: Any = None,
-    ):
-        """``GPTModel.build_schedule_plan`` with the plugin's nodes (``nemo_noise_plugin.schedule_plan``).
-
-        The plan's pre-process node runs later, when Megatron schedules it; the loss mask that the noise layer needs
-        (``loss_mask``, else the one an enclosing ``noise_batch_inputs`` or the forward step handed over) is stored
-        in the plan's chunk state now and given to ``_preprocess`` then.
-        """
-        from nemo_noise_plugin.schedule_plan import NoisyModelChunkSchedulePlan
-
-        if not isinstance(self, GPTModel):
-            raise NotImplementedError(
-                f"{type(self).__name__} has no fine-grained schedule plan in megatron-core 0.19.2 (only GPTModel); "
-                "turn overlap_moe_expert_parallel_comm off. See docs/hybrid_model.md."
-            )
-        if self.config.fine_grained_activation_offloading:
-            self.preprocess_for_fine_grained_offloading()
-        if self.config.moe_paged_stash:
-            self.preprocess_for_paged_stash()
-        plan = NoisyModelChunkSchedulePlan(
-            self,
-            input_ids,
-            position_ids,
-            attention_mask,
-            decoder_input,
-            labels,
-            packed_seq_params,
-            extra_block_kwargs,
-            runtime_gather_output,
-            loss_mask,
-            padding_mask,
-            output_processor=output_processor,
-            output_processor_context=output_processor_context,
-        )
-        plan.state.noise_loss_mask = loss_mask if loss_mask is not None else self._noise_loss_mask
-        return plan
-
     def _preprocess(self, input_ids: torch.Tensor, position_ids: torch.Tensor, decoder_input=None, **kwargs):
         """The base ``_preprocess``, with noise added to the embedding output it returns."""
         caller_supplied_input = decoder_input is not None
@@ -179,6 +194,26 @@ def plain_class_of(noisy_class: type) -> type:
         f"{noisy_class.__name__} is not a plain noise-mixin class (bases {noisy_class.__bases__}); "
         "cannot tell which model class it adds noise to."
     )
+
+
+@functools.cache
+def _plugin_plan_class_for(model_class: type) -> type:
+    name = f"{model_class.__name__}WithPluginPlan"
+    return type(name, (PluginSchedulePlanMixin, model_class), {"__module__": __name__})
+
+
+def use_plugin_schedule_plan(model: torch.nn.Module) -> torch.nn.Module:
+    """Give an already built ``GPTModel`` chunk (not noisy) the plugin's schedule plan, in place; return it unwrapped.
+
+    Only the class changes (a subclass adding ``PluginSchedulePlanMixin``); parameters and state-dict keys do not.
+    """
+    inner = unwrap_model(model)
+    if isinstance(inner, PluginSchedulePlanMixin):
+        return inner
+    if not isinstance(inner, GPTModel):
+        raise TypeError(f"use_plugin_schedule_plan expects a megatron.core GPTModel, got {type(inner).__name__}.")
+    inner.__class__ = _plugin_plan_class_for(type(inner))
+    return inner
 
 
 @functools.cache

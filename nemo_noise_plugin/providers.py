@@ -22,7 +22,7 @@ from megatron.core.models.gpt.gpt_model import GPTModel
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import make_noisy
+from nemo_noise_plugin.noisy_gpt import make_noisy, use_plugin_schedule_plan
 from nemo_noise_plugin.utils import should_attach_noise
 
 if TYPE_CHECKING:
@@ -54,6 +54,8 @@ class NoisyGPTModelProvider(GPTModelProvider):
         model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
         if should_attach_noise(vp_stage):
             make_noisy(model, self.noise)
+        else:  # no noise here, but the plugin's schedule-plan nodes all the same (see PluginSchedulePlanMixin)
+            use_plugin_schedule_plan(model)
         return model
 
 

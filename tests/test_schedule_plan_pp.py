@@ -2,7 +2,8 @@
 
 Megatron-Core runs the fine-grained plan under pipelining only with virtual stages
 (``combined_1f1b_schedule_for_interleaved_pipelining``). Four processes: PP=2, and at each stage DP=2 = EP=2; 4
-layers in 2 virtual stages per rank (one layer per model chunk), 4 experts, top-2, alltoall, bf16 behind
+layers in 2 virtual stages per rank (one layer per model chunk; the last one dense, so the last stage needs the
+plugin's post-process node although it carries no noise), 4 experts, top-2, alltoall, bf16 behind
 ``Float16Module``, 4 microbatches, Megatron's config validation satisfied. Both paths are Megatron's own
 ``forward_backward_pipelining_with_interleaving`` (``overlap_moe_expert_parallel_comm`` off and on) with the plugin's
 ``noise_forward_step``. The 4-GPU form of this check is ``tests/gpu/test_schedule_plan_pp_gpu.py``.
@@ -52,6 +53,7 @@ def _interleaved_rank(rank: int, world_size: int, port: int) -> dict:
     init_num_microbatches_calculator(rank, None, global_batch, MICRO_BATCH_SIZE, data_parallel)
     settings = dict(
         num_layers=4,
+        moe_layer_freq=[1, 1, 1, 0],  # a dense last layer, on the last stage's chunk without noise
         pipeline_model_parallel_size=2,
         virtual_pipeline_model_parallel_size=2,
         expert_model_parallel_size=2,
