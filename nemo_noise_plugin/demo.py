@@ -85,9 +85,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         dir=args.output_dir, train_iters=args.steps, lr=args.lr, noise=noise
     )
     config.train.exit_interval = args.stop_after
+    config.rng.seed = args.seed
+    return train_with_report(config, output_dir=args.output_dir, label=f"recipe {args.recipe}")
+
+
+def train_with_report(config, *, output_dir: str, label: str) -> int:
+    """Train ``config`` (a tiny recipe's ``ConfigContainer``) and print and write the robustness report.
+
+    With a GPU: Bridge's training loop (``launch``) with the report computed by callbacks. Without one: the CPU loop,
+    which says so. Steps, learning rate and seed are the config's (``train.train_iters``, ``optimizer.lr``,
+    ``rng.seed``); the report goes to ``output_dir/robustness.{json,png}``.
+    """
+    os.makedirs(output_dir, exist_ok=True)
     if torch.cuda.is_available():
-        return _run_on_gpu(config, args)
-    if args.stop_after is not None:
+        return _run_on_gpu(config, output_dir, label)
+    if config.train.exit_interval is not None:
         print(
             "error: --stop-after needs Bridge's training loop (a GPU); the CPU loop writes no checkpoint.",
             file=sys.stderr,
@@ -97,15 +109,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from nemo_noise_plugin.testing.cpu_substitutes import CPU_SUBSTITUTES
     from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
 
-    print(f"== nemo-noise-plugin main job: recipe {args.recipe} on the embedded corpus ==")
+    print(f"== nemo-noise-plugin main job: {label} on the embedded corpus ==")
     print("CPU loop (Bridge's training loop needs CUDA): the recipe's provider, model, data pipeline, forward step")
     print("and loss, driven by a single-process loop; float32 instead of bf16, torch AdamW instead of Megatron's")
     print("optimizer. CPU substitutes in use:")
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")
-    init_cpu_parallel(seed=args.seed)
+    init_cpu_parallel(seed=config.rng.seed)
     try:
-        return _run(config, args)
+        return _run(config, output_dir)
     finally:
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
@@ -154,7 +166,7 @@ def write_report(curves, scale_name: str, output_dir: str) -> None:
     print(f"report: {report_path}" + (f"; plot: {plot_path}" if plotted else " (install matplotlib for the plot)"))
 
 
-def _run_on_gpu(config, args: argparse.Namespace) -> int:
+def _run_on_gpu(config, output_dir: str, label: str) -> int:
     """Bridge's real training loop on the recipe (checkpoints under the output directory), reported by callbacks."""
     from megatron.core.utils import unwrap_model
 
@@ -162,7 +174,7 @@ def _run_on_gpu(config, args: argparse.Namespace) -> int:
     from nemo_noise_plugin.launch import launch
     from nemo_noise_plugin.robustness import robustness_curve, scale_field
 
-    print(f"== nemo-noise-plugin main job: recipe {args.recipe} on the embedded corpus, Bridge's training loop ==")
+    print(f"== nemo-noise-plugin main job: {label} on the embedded corpus, Bridge's training loop ==")
     callbacks = import_bridge("megatron.bridge.training.callbacks")
     noise = config.model.noise
     curves: dict = {}
@@ -184,7 +196,10 @@ def _run_on_gpu(config, args: argparse.Namespace) -> int:
 
     launch(config, callbacks=[RobustnessReport(), progress_line_callback(callbacks.Callback)()])
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        write_report(curves, scale_field(noise), args.output_dir)
+        if "after" in curves:
+            write_report(curves, scale_field(noise), output_dir)
+        else:
+            print("no robustness report: training ended before its last iteration")
     return 0
 
 
@@ -222,7 +237,7 @@ def _is_last_rank() -> bool:
     return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
 
 
-def _run(config, args: argparse.Namespace) -> int:
+def _run(config, output_dir: str) -> int:
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
     from megatron.core.process_groups_config import ProcessGroupCollection
 
@@ -243,14 +258,15 @@ def _run(config, args: argparse.Namespace) -> int:
     micro_batches = train_config.global_batch_size // train_config.micro_batch_size
     init_num_microbatches_calculator(0, None, train_config.global_batch_size, train_config.micro_batch_size, 1)
 
-    torch.manual_seed(args.seed)
+    steps = train_config.train_iters
+    torch.manual_seed(config.rng.seed)
     model = provider.provide_distributed_model(
         use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=None
     )[0]
     data = import_bridge("megatron.bridge.data.utils")
     eval_batches_count = 4
     train_ds, valid_ds, _ = data.pretrain_train_valid_test_datasets_provider(
-        [args.steps * train_config.global_batch_size, eval_batches_count * train_config.micro_batch_size, 0],
+        [steps * train_config.global_batch_size, eval_batches_count * train_config.micro_batch_size, 0],
         config.dataset,
     )
     state = import_bridge("megatron.bridge.training.state").GlobalState()
@@ -264,13 +280,15 @@ def _run(config, args: argparse.Namespace) -> int:
     before = robustness_curve(model, held_out, provider.noise, REPORT_SCALES, logits_of)
 
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad], lr=args.lr, weight_decay=config.optimizer.weight_decay
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.optimizer.lr,
+        weight_decay=config.optimizer.weight_decay,
     )
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters ({type(model).__name__});")
     print(f"noise: {_non_default(provider.noise)}; {micro_batches} microbatches of {train_config.micro_batch_size}")
     print(f"{'step':>4} {'loss':>9} {'kd loss':>9} {'tokens/s':>9}")
     model.train()
-    for step in range(args.steps):
+    for step in range(steps):
         state.train_state.step = step
         started = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
@@ -290,7 +308,7 @@ def _run(config, args: argparse.Namespace) -> int:
         print(f"{step + 1:>4} {float(lm):>9.4f} {kd} {tokens / elapsed:>9.0f}", flush=True)
 
     after = robustness_curve(model, held_out, provider.noise, REPORT_SCALES, logits_of)
-    write_report({"before": before, "after": after}, scale_name, args.output_dir)
+    write_report({"before": before, "after": after}, scale_name, output_dir)
     return 0
 
 

@@ -13,7 +13,9 @@ arguments go through Megatron-Bridge's Hydra override path, with the plugin's No
 (``nemo_noise_plugin.config_io.apply_overrides``).
 ``--to-yaml PATH`` writes the resolved config with Bridge's ``ConfigContainer.to_yaml`` (``-``: standard output)
 and launches nothing, like ``--dryrun``; neither touches CUDA. Without them the run goes to
-``nemo_noise_plugin.launch.launch``, which needs a GPU.
+``nemo_noise_plugin.launch.launch`` (Bridge's loop, which needs a GPU) with a progress line per step; the tiny
+recipes on the shipped corpus (``EMBEDDED_CORPUS_FACTORIES``) run as the main job does: Bridge's loop on a GPU,
+the CPU loop without one, and a robustness report in the run directory either way.
 
 Importing this module is cheap (no torch, no Bridge): ``nemo`` imports it when it builds its command groups.
 """
@@ -41,6 +43,10 @@ RECIPES: dict[str, str] = {
 }
 """``--factory`` name -> recipe (``module:function`` returning a ``ConfigContainer``); one line adds a factory to
 both ``nemo llm finetune`` and ``python -m nemo_noise_plugin.finetune``. Imported only when used."""
+
+EMBEDDED_CORPUS_FACTORIES: frozenset[str] = frozenset({"tiny_noise_sft", "tiny_noise_distillation"})
+"""Factories of the tiny recipes on the shipped corpus: a real run of these also writes the robustness report, and
+without a GPU it runs the main job's CPU loop instead of stopping."""
 
 
 class FinetuneError(Exception):
@@ -188,9 +194,13 @@ def run_finetune(
             f"--to-yaml takes a file path ('-' for standard output), got {to_yaml!r}, which looks like an override."
         )
     if not dryrun and to_yaml is None:
-        from nemo_noise_plugin.launch import require_gpu
+        from nemo_noise_plugin import launch as launching
 
-        require_gpu()
+        try:
+            launching.require_gpu()
+        except launching.GPUUnavailableError:
+            if factory not in EMBEDDED_CORPUS_FACTORIES:
+                raise
     # With --to-yaml -, standard output carries only the YAML: Megatron's root log handler (INFO, bound to
     # sys.stdout when megatron.training is first imported) and the dry-run description go to stderr.
     with contextlib.redirect_stdout(sys.stderr) if to_yaml == "-" else contextlib.nullcontext():
@@ -208,10 +218,26 @@ def run_finetune(
     if confirm is not None and not confirm():
         print_fn("Exiting without training.")
         return config
+    if factory in EMBEDDED_CORPUS_FACTORIES:  # the main job's loop: Bridge's on a GPU, else the CPU loop
+        from nemo_noise_plugin.demo import train_with_report
+
+        code = train_with_report(config, output_dir=_report_dir(config), label=f"factory {factory}")
+        if code:
+            raise FinetuneError(f"the run of factory {factory} failed (exit status {code}).")
+        return config
+    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.demo import progress_line_callback
     from nemo_noise_plugin.launch import launch
 
-    launch(config)
+    launch(config, callbacks=[progress_line_callback(import_bridge("megatron.bridge.training.callbacks").Callback)()])
     return config
+
+
+def _report_dir(config: Any) -> str:
+    """Where a tiny recipe's robustness report goes: its run directory (the parent of its checkpoints)."""
+    if config.checkpoint.save:
+        return os.path.dirname(os.path.abspath(config.checkpoint.save))
+    return os.path.abspath("outputs")
 
 
 def _parser() -> argparse.ArgumentParser:

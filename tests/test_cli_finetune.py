@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -43,9 +44,10 @@ def fake_training(monkeypatch):
     from nemo_noise_plugin import launch
 
     calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch, "require_gpu", lambda: None)
     monkeypatch.setattr(launch, "use_prebuilt_dataset_helpers", lambda: calls.append("prebuilt helpers") or True)
-    monkeypatch.setattr(launch, "training_entry_for", lambda config: lambda *args: calls.append(args))
+    monkeypatch.setattr(launch, "training_entry_for", lambda config: lambda *args, **kwargs: calls.append(args))
     return calls
 
 
@@ -200,7 +202,7 @@ def test_python_module_unknown_factory_exits_2_listing_the_factories(capsys):
 
 
 def test_python_module_without_cuda_exits_1_with_the_message(capsys, no_cuda):
-    assert finetune_cli.main(["--factory", "tiny_noise_sft", "train.train_iters=2"]) == 1
+    assert finetune_cli.main(["--factory", "llama32_1b_noise_sft", "train.train_iters=2"]) == 1
     assert GPU_REQUIRED_MESSAGE in capsys.readouterr().err
 
 
@@ -272,7 +274,7 @@ def test_nemo_context_errors_are_run_context_errors(cli_llm, monkeypatch):
         (dict(factory="tiny_noise_sft", dryrun=True), ["model.noise.alpah=1"], "model.noise.alpah is not a field"),
         (dict(factory="tiny_noise_sft", yaml="a.yaml"), [], "--yaml is not supported"),
         (dict(factory="tiny_noise_sft"), ["executor=local"], "runs in-process; launch it with torchrun"),
-        (dict(factory="tiny_noise_sft", skip_confirmation=True), [], GPU_REQUIRED_MESSAGE),
+        (dict(factory="llama32_1b_noise_sft", skip_confirmation=True), [], GPU_REQUIRED_MESSAGE),
     ]
     for options, args, message in cases:
         with pytest.raises(RunContextError) as error:
@@ -386,7 +388,19 @@ def test_nemo_llm_finetune_to_yaml_writes_valid_yaml(tmp_path):
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the message shown where CUDA is missing")
 def test_nemo_llm_finetune_without_cuda_stops_with_the_message(tmp_path):
-    result = _nemo("llm", "finetune", "--factory", "tiny_noise_sft", "-y", cwd=tmp_path)
+    result = _nemo("llm", "finetune", "--factory", "llama32_1b_noise_sft", "-y", cwd=tmp_path)
     assert result.returncode == 1
     assert f"Error: {GPU_REQUIRED_MESSAGE}" in result.stderr
     assert not (tmp_path / "nemo_experiments").exists()
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU loop, which runs where CUDA is missing")
+def test_nemo_llm_finetune_of_a_tiny_recipe_without_cuda_runs_the_cpu_loop_and_reports(tmp_path):
+    result = _nemo("llm", "finetune", "-f", "tiny_noise_sft", "-y", "train.train_iters=3", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "CPU loop (Bridge's training loop needs CUDA)" in result.stdout
+    progress = re.findall(r"^\s+(\d+)\s+([0-9.]+)\s+-\s+(\d+)$", result.stdout, flags=re.MULTILINE)
+    assert [int(step) for step, _, _ in progress] == [1, 2, 3]
+    run_dir = tmp_path / "nemo_experiments" / "tiny_noise_sft"
+    assert "robustness report" in result.stdout
+    assert (run_dir / "robustness.json").is_file() and (run_dir / "robustness.png").stat().st_size > 10_000
