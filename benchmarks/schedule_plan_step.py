@@ -99,6 +99,19 @@ def _step(forward_step, provider, model, batches, args, world_size: int):
     )
 
 
+def _batches(args, seed: int) -> list[dict]:
+    from nemo_noise_plugin.testing.schedule_plan import microbatches
+
+    return microbatches(
+        args.microbatches,
+        args.micro_batch_size,
+        seed=seed,
+        device="cuda",
+        seq_length=args.seq_length,
+        vocab_size=MODEL["vocab_size"],
+    )
+
+
 def _gradients(model) -> dict[str, torch.Tensor]:
     return {name: p.grad.float().clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -107,7 +120,7 @@ def equivalence(args, world_size: int, rank: int) -> dict[str, dict]:
     from nemo_noise_plugin.distillation.kd_config import KDConfig
     from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.testing.schedule_plan import microbatches, same_weights
+    from nemo_noise_plugin.testing.schedule_plan import same_weights
 
     cases = {
         "noise": (NoiseConfig(alpha=5.0, tokens="response"), None, noise_forward_step),
@@ -118,14 +131,7 @@ def equivalence(args, world_size: int, rank: int) -> dict[str, dict]:
         normal_provider, normal_model = _build(args, noise, kd, overlap=False)
         plan_provider, plan_model = _build(args, noise, kd, overlap=True)
         same_weights(normal_model, plan_model)
-        batches = microbatches(
-            args.microbatches,
-            args.micro_batch_size,
-            seed=100 + rank,
-            device="cuda",
-            seq_length=args.seq_length,
-            vocab_size=MODEL["vocab_size"],
-        )
+        batches = _batches(args, seed=100 + rank)
         normal_reports = _step(forward_step, normal_provider, normal_model, batches, args, world_size)
         plan_reports = _step(forward_step, plan_provider, plan_model, batches, args, world_size)
         normal_grads, plan_grads = _gradients(normal_model), _gradients(plan_model)
@@ -156,7 +162,6 @@ def step_times(args, world_size: int, rank: int) -> dict[str, float]:
     from nemo_noise_plugin.distillation.kd_config import KDConfig
     from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.testing.schedule_plan import microbatches
 
     modes = {
         "plain plan (Megatron)": (None, None, import_bridge("megatron.bridge.training.gpt_step").forward_step),
@@ -174,14 +179,7 @@ def step_times(args, world_size: int, rank: int) -> dict[str, float]:
     reference = built["plain plan (Megatron)"][0][1]
     for (_, model), _ in built.values():
         same_weights(reference, model)
-    batches = microbatches(
-        args.microbatches,
-        args.micro_batch_size,
-        seed=200 + rank,
-        device="cuda",
-        seq_length=args.seq_length,
-        vocab_size=MODEL["vocab_size"],
-    )
+    batches = _batches(args, seed=200 + rank)
     if args.sync_debug:
         _report_host_syncs(built, batches, args, world_size, rank)
     times: dict[str, list[float]] = {name: [] for name in modes}
