@@ -188,8 +188,6 @@ def _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, t
         plan, loss_mask = gpt_step._forward_step_common(
             state, data_iterator, model, return_schedule_plan=True, _get_batch_fn=capture
         )
-    if plan.post_process is None:  # not the last stage: no loss here
-        return plan, partial(_not_last_stage_loss)
     teacher_logits = None
     if teacher is not None and kd_config.kd_weight > 0:
         with torch.no_grad():
@@ -205,10 +203,6 @@ def _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, t
     )
     plan.state.output_processor_context = parts
     return plan, partial(plan_distillation_loss, parts)
-
-
-def _not_last_stage_loss(output_tensor):
-    raise RuntimeError("the loss function of a pipeline stage without post_process was called.")
 
 
 def _teacher_inputs(capture: _CapturingBatch, gpt_step: Any) -> dict[str, Any]:
