@@ -323,3 +323,9 @@ def test_megatron_hybrid_model_still_lacks_preprocess_and_build_schedule_plan():
     assert not hasattr(HybridModel, "_preprocess")
     assert not hasattr(HybridModel, "_postprocess")
     assert not hasattr(HybridModel, "build_schedule_plan")
+
+
+def test_a_noisy_hybrid_models_schedule_plan_is_a_clear_error(megatron_cpu, batch):
+    _, noisy = _pair(NoiseConfig(alpha=5.0))
+    with pytest.raises(NotImplementedError, match="NoisyHybridModel has no fine-grained schedule plan.*only GPTModel"):
+        noisy.build_schedule_plan(batch["input_ids"], batch["position_ids"], batch["attention_mask"])
