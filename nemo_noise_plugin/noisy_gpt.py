@@ -163,16 +163,29 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         wrapped = isinstance(embedded, WrappedTensor)
         if wrapped:
             embedded = embedded.unwrap()
+        noised = self._add_embedding_noise(
+            embedded, input_ids, kwargs.get("padding_mask"), kwargs.get("packed_seq_params")
+        )
+        return (WrappedTensor(noised) if wrapped else noised, *output[1:])
+
+    def _add_embedding_noise(
+        self,
+        embedded: torch.Tensor,
+        input_ids: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+        packed_seq_params: Any,
+    ) -> torch.Tensor:
+        """The noise layer on the first stage's embedding output; advances the clock in training."""
         batch = NoiseBatchInputs(
             loss_mask=self._noise_loss_mask,
-            padding_mask=kwargs.get("padding_mask"),
+            padding_mask=padding_mask,
             input_ids=input_ids,
-            packed_seq_params=kwargs.get("packed_seq_params"),
+            packed_seq_params=packed_seq_params,
         )
         noised = self.noise_layer(embedded, batch, self.noise_clock)
         if self.training:
             self.noise_clock.advance()
-        return (WrappedTensor(noised) if wrapped else noised, *output[1:])
+        return noised
 
 
 class NoisyGPTModel(NoiseInjectionMixin, GPTModel):

@@ -22,7 +22,6 @@ from megatron.core.models.hybrid.hybrid_model import HybridModel
 from megatron.core.utils import is_using_quantization_scales
 
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noise.layer import NoiseBatchInputs
 from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin
 
 __all__ = ["NoisyHybridModel", "noisy_hybrid_class_for"]
@@ -132,27 +131,8 @@ class NoisyHybridModel(NoiseInjectionMixin, HybridModel):
             rotary_pos_emb, _ = self.rotary_pos_emb(rotary_seq_len, packed_seq=packed)
         return decoder_input, rotary_pos_emb, None, None, None, padding_mask
 
-    def _add_embedding_noise(
-        self,
-        embedded: torch.Tensor,
-        input_ids: torch.Tensor,
-        padding_mask: torch.Tensor | None,
-        packed_seq_params: Any,
-    ) -> torch.Tensor:
-        """The noise step of ``NoiseInjectionMixin._preprocess``: same layer inputs, same clock advance."""
-        batch = NoiseBatchInputs(
-            loss_mask=self._noise_loss_mask,
-            padding_mask=padding_mask,
-            input_ids=input_ids,
-            packed_seq_params=packed_seq_params,
-        )
-        noised = self.noise_layer(embedded, batch, self.noise_clock)
-        if self.training:
-            self.noise_clock.advance()
-        return noised
 
-
-_HYBRID_NOISE_METHODS = ("forward", "_preprocess", "_add_embedding_noise")
+_HYBRID_NOISE_METHODS = ("forward", "_preprocess")
 
 
 def noisy_hybrid_class_for(model_class: type) -> type | None:
