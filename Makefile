@@ -12,11 +12,12 @@ setup:
 demo: setup
 	$(PY) -m nemo_noise_plugin $(ARGS)
 
-## Lint, then the whole test suite (CPU; GPU tests are skipped without CUDA).
+## Lint, the house plan (no import cycles, no upward imports), then the whole test suite (GPU tests skip without CUDA).
 test: setup
-	$(PY) -m ruff check nemo_noise_plugin tests
+	$(PY) -m ruff check nemo_noise_plugin tests benchmarks scripts
+	$(PY) scripts/check_layers.py
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
-	$(PY) -m ruff check nemo_noise_plugin tests
-	$(PY) -m ruff format --check nemo_noise_plugin tests
+	$(PY) -m ruff check nemo_noise_plugin tests benchmarks scripts
+	$(PY) -m ruff format --check nemo_noise_plugin tests benchmarks scripts

@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (imports after putting the repository on sys.path)
 """Does a clean teacher make the noisy student more robust than noise alone? A side-by-side run on the tiny model.
 
 1. Pretrain a tiny Megatron-Core GPT (local spec, CPU, gloo) on the embedded corpus without noise: the "pretrained"
@@ -16,24 +17,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY))  # tests.support: the test builders, importable from a checkout
+
 from nemo_noise_plugin.corpus import BYTE_VOCAB_SIZE, load_corpus_tokens, sample_padded_batch
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.distillation.losses import combined_distillation_loss
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
+from nemo_noise_plugin.model import NoisyGPTModel, make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import NoisyGPTModel, make_noisy
 from nemo_noise_plugin.robustness import robustness_curve
-from nemo_noise_plugin.testing.harness import (
+from nemo_noise_plugin.utils import deepcopy_module_with_process_groups
+from tests.support.models import (
     build_tiny_gpt,
     causal_attention_mask,
     destroy_cpu_parallel,
     init_cpu_parallel,
 )
-from nemo_noise_plugin.utils import deepcopy_module_with_process_groups
 
 SEQ, BATCH = 64, 16
 

@@ -45,11 +45,10 @@ def _provider_settings():
 
 def _model_and_step(mode: str):
     from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.distillation.kd_config import KDConfig
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
-    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.providers import GPTModelProvider, NoisyGPTModelProvider
+    from nemo_noise_plugin.providers import GPTModelProvider, NoisyDistillationProvider, NoisyGPTModelProvider
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
 
     gpt_step = import_bridge("megatron.bridge.training.gpt_step")
     settings, noise = _provider_settings(), NoiseConfig(alpha=5.0)

@@ -23,9 +23,14 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPOSITORY))  # tests.support: the test builders, importable from a checkout
 
 MODEL = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, moe_ffn_hidden_size=2048, vocab_size=32768)
 
@@ -74,7 +79,7 @@ def _settings(args: argparse.Namespace, overlap: bool) -> dict:
 def _build(args, noise, kd, overlap: bool):
     from megatron.core.transformer.module import Float16Module
 
-    from nemo_noise_plugin.testing.schedule_plan import build_model, build_provider
+    from tests.support.schedule_plan import build_model, build_provider
 
     provider = build_provider(noise, kd, **_settings(args, overlap))
     torch.manual_seed(7)
@@ -84,7 +89,7 @@ def _build(args, noise, kd, overlap: bool):
 def _step(forward_step, provider, model, batches, args, world_size: int):
     from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
-    from nemo_noise_plugin.testing.schedule_plan import bound_forward_step, bridge_state
+    from tests.support.schedule_plan import bound_forward_step, bridge_state
 
     global_batch = args.microbatches * args.micro_batch_size * world_size
     state = bridge_state(provider, global_batch, args.micro_batch_size, seq_length=args.seq_length)
@@ -100,7 +105,7 @@ def _step(forward_step, provider, model, batches, args, world_size: int):
 
 
 def _batches(args, seed: int) -> list[dict]:
-    from nemo_noise_plugin.testing.schedule_plan import microbatches
+    from tests.support.schedule_plan import microbatches
 
     return microbatches(
         args.microbatches,
@@ -117,10 +122,10 @@ def _gradients(model) -> dict[str, torch.Tensor]:
 
 
 def equivalence(args, world_size: int, rank: int) -> dict[str, dict]:
-    from nemo_noise_plugin.distillation.kd_config import KDConfig
-    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.testing.schedule_plan import same_weights
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+    from tests.support.schedule_plan import same_weights
 
     cases = {
         "noise": (NoiseConfig(alpha=5.0, tokens="response"), None, noise_forward_step),
@@ -159,9 +164,9 @@ def equivalence(args, world_size: int, rank: int) -> dict[str, dict]:
 
 def step_times(args, world_size: int, rank: int) -> dict[str, float]:
     from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.distillation.kd_config import KDConfig
-    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
 
     modes = {
         "plain plan (Megatron)": (None, None, import_bridge("megatron.bridge.training.gpt_step").forward_step),
@@ -171,7 +176,7 @@ def step_times(args, world_size: int, rank: int) -> dict[str, float]:
         "noise plan": (NoiseConfig(alpha=5.0), None, noise_forward_step),
         "noise + KD plan": (NoiseConfig(alpha=5.0), KDConfig(kd_weight=0.5), distillation_forward_step),
     }
-    from nemo_noise_plugin.testing.schedule_plan import same_weights
+    from tests.support.schedule_plan import same_weights
 
     built = {name: (_build(args, noise, kd, overlap=True), step) for name, (noise, kd, step) in modes.items()}
     # One set of weights for all three: with a random router, other weights route tokens to experts (and across

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
 from nemo_noise_plugin.utils import deepcopy_module_with_process_groups, freeze_module, should_attach_noise
 
 __version__ = "0.1.0"
@@ -17,11 +17,15 @@ __all__ = [
     "NoisyGPTModel",
     "deepcopy_module_with_process_groups",
     "freeze_module",
+    "load_noise_config",
     "make_noisy",
     "should_attach_noise",
 ]
 
-_LAZY = {"NoisyGPTModel": "nemo_noise_plugin.noisy_gpt", "make_noisy": "nemo_noise_plugin.noisy_gpt"}
+_LAZY = {
+    "NoisyGPTModel": "nemo_noise_plugin.model.gpt",
+    "make_noisy": "nemo_noise_plugin.model.make_noisy",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,16 @@
-"""Megatron-Bridge model providers for noisy models.
+"""Megatron-Bridge model providers for noisy models and noisy-student distillation.
 
 ``NoisyGPTModelProvider`` is Bridge's ``GPTModelProvider`` with the noise settings as one more dataclass field, so
 everything that configures a Bridge provider (recipes, Hydra-style ``model.noise.alpha=10`` overrides, YAML) reaches
 them. ``provide`` builds the plain Megatron-Core model exactly as Bridge does, then makes it noisy on the chunk that
 ``should_attach_noise`` selects (the first pipeline stage, virtual stage 0).
+
+``NoisyDistillationProvider`` adds the distillation settings (``kd``): a noisy student trained against a frozen
+clean copy of itself. Unlike Bridge's ``DistillationProvider`` it has no second provider to keep in sync: the teacher
+is the student's own weights, it never mirrors attributes onto a teacher, and it changes no class globally.
+``provide`` builds the student only; ``provide_distributed_model`` also snapshots a teacher per model chunk (see
+``distillation.teacher_weights`` for how its weights are settled after Bridge loads checkpoints). Checkpoints,
+exports and the optimizer see the student only. Train with ``training.forward_step.distillation_forward_step``.
 
 ``noisy_provider_from`` turns a provider Bridge already made (``AutoBridge.to_megatron_provider()``) into one of the
 plugin's providers, keeping every field and the registered pre-/post-wrap hooks (HF weight loading is a pre-wrap
@@ -16,17 +23,18 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from megatron.core.models.gpt.gpt_model import GPTModel
 
 from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.distillation.config import KDConfig
+from nemo_noise_plugin.distillation.teacher import build_clean_teacher
+from nemo_noise_plugin.distillation.teacher_weights import attach_teacher
+from nemo_noise_plugin.model.make_noisy import make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import make_noisy, use_plugin_schedule_plan
+from nemo_noise_plugin.schedule_plan.plan_mixin import use_plugin_schedule_plan
 from nemo_noise_plugin.utils import should_attach_noise
-
-if TYPE_CHECKING:
-    from nemo_noise_plugin.distillation.kd_config import KDConfig
 
 GPTModelProvider = import_bridge("megatron.bridge.models.gpt_provider").GPTModelProvider
 
@@ -35,7 +43,13 @@ TARGET_PREFIX = "nemo_noise_plugin."
 
 import_bridge("megatron.bridge.utils.instantiate_utils").register_allowed_target_prefix(TARGET_PREFIX)
 
-__all__ = ["TARGET_PREFIX", "NoisyGPTModelProvider", "UnsupportedProviderError", "noisy_provider_from"]
+__all__ = [
+    "TARGET_PREFIX",
+    "NoisyDistillationProvider",
+    "NoisyGPTModelProvider",
+    "UnsupportedProviderError",
+    "noisy_provider_from",
+]
 
 
 @dataclass
@@ -56,6 +70,59 @@ class NoisyGPTModelProvider(GPTModelProvider):
             make_noisy(model, self.noise)
         else:  # no noise here, but the plugin's schedule-plan nodes all the same (see PluginSchedulePlanMixin)
             use_plugin_schedule_plan(model)
+        return model
+
+
+@dataclass
+class NoisyDistillationProvider(NoisyGPTModelProvider):
+    """A ``NoisyGPTModelProvider`` whose model chunks carry a frozen clean teacher for distillation."""
+
+    kd: KDConfig = field(default_factory=KDConfig)
+    """Distillation settings (loss, temperature, weights, tokens, hidden-state matching)."""
+    teacher_shares_frozen_modules: bool = False
+    """Share the student's fully frozen submodules with the teacher instead of copying them (saves their memory)."""
+
+    def finalize(self) -> None:
+        """Bridge's checks, plus the distillation constraints (before any GPU memory is touched)."""
+        super().finalize()
+        self.validate_distillation()
+
+    def validate_distillation(self) -> None:
+        """Reject settings the distillation path does not support, naming the setting and the value."""
+        if not isinstance(self.kd, KDConfig):
+            raise TypeError(f"NoisyDistillationProvider.kd must be a KDConfig, got {type(self.kd).__name__}.")
+        if not self.kd.enabled:
+            return
+        if (self.pipeline_model_parallel_size or 1) > 1:
+            raise ValueError(
+                f"NoisyDistillationProvider: pipeline_model_parallel_size={self.pipeline_model_parallel_size} is "
+                "not supported with distillation (the teacher's logits exist only on the last stage's teacher "
+                "chunk); use pipeline_model_parallel_size=1, or kd.enabled=false."
+            )
+        if getattr(self, "overlap_moe_expert_parallel_comm", False) and self.kd.hidden_loss != "none":
+            raise ValueError(
+                f"NoisyDistillationProvider: kd.hidden_loss={self.kd.hidden_loss!r} is not supported with "
+                "overlap_moe_expert_parallel_comm=True: in the fine-grained schedule plan only the post-process "
+                "node's output carries gradients, and intermediate layers' outputs are not part of it; use "
+                "kd.hidden_loss=none or turn overlap_moe_expert_parallel_comm off."
+            )
+        if self.kd.hidden_loss != "none":
+            for index in self.kd.hidden_layers:
+                if not 0 <= index < self.num_layers:
+                    raise ValueError(
+                        f"KDConfig.hidden_layers={self.kd.hidden_layers!r} is invalid: layer {index} is outside "
+                        f"0..{self.num_layers - 1} (num_layers={self.num_layers})."
+                    )
+
+    def provide_distributed_model(self, *args: Any, **kwargs: Any) -> list:
+        """Bridge's model building and wrapping, then a clean teacher snapshot for each model chunk."""
+        self.validate_distillation()
+        model = super().provide_distributed_model(*args, **kwargs)
+        if self.kd.enabled:
+            for chunk in model:
+                attach_teacher(
+                    chunk, build_clean_teacher(chunk, share_frozen_modules=self.teacher_shares_frozen_modules)
+                )
         return model
 
 
@@ -111,8 +178,6 @@ def noisy_provider_from(
     builds a different model than ``GPTModelProvider.provide``, so it raises ``UnsupportedProviderError`` naming
     the class and what would be lost, instead of silently training another architecture.
     """
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
-
     if not isinstance(provider, GPTModelProvider):
         raise UnsupportedProviderError(
             f"noisy_provider_from expects a megatron.bridge GPTModelProvider, got {_class_path(type(provider))}."
@@ -128,8 +193,6 @@ def noisy_provider_from(
     values = {name: getattr(provider, name) for name, f in source_fields.items() if f.init}
     values["noise"] = noise if noise is not None else copy.deepcopy(getattr(provider, "noise", None) or NoiseConfig())
     if target is NoisyDistillationProvider:
-        from nemo_noise_plugin.distillation.kd_config import KDConfig
-
         values["kd"] = kd if kd is not None else copy.deepcopy(getattr(provider, "kd", None) or KDConfig())
     converted = target(**values)
     for name, f in source_fields.items():

@@ -3,21 +3,33 @@
 For each noise scale the model is evaluated on the same held-out batches with the noise on (in eval mode, keyed by
 the batch index so every model and scale sees comparable draws): the loss, and KL(clean || noisy), the divergence
 between the model's own predictions without and with noise, averaged over loss tokens. A robust model keeps both
-low as the scale grows. Used by the main job (before/after training) and the distillation benchmark.
+low as the scale grows. ``RobustnessReport`` is a Megatron-Bridge callback that measures it on held-out batches at
+the start and at the end of training (Bridge's loop or the CPU loop) and writes the table, JSON and PNG; the
+distillation benchmark uses ``robustness_curve`` directly.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from nemo_noise_plugin.batches import collate, recipe_datasets
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.cpu.parallel import causal_attention_mask
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
+from nemo_noise_plugin.model.make_noisy import make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import make_noisy
+
+REPORT_SCALES = (0.0, 2.5, 5.0, 10.0, 20.0, 40.0)
+"""Noise scales the report sweeps."""
+HELD_OUT_BATCHES = 4
 
 _SCALE_FIELDS = {
     "uniform": "alpha",
@@ -124,3 +136,59 @@ def plot_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, path:
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return True
+
+
+def logits_of(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Logits ``[b, s, V]`` of a model chunk for a batch (no labels)."""
+    return module(batch["tokens"], batch["position_ids"], batch["attention_mask"])
+
+
+def write_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, output_dir: str) -> None:
+    """Print the robustness table and write it as JSON and PNG under ``output_dir``."""
+    print(f"\nrobustness report: held-out loss and KL(clean || noisy) in nats/token against {scale_name}")
+    print(format_report(curves, scale_name))
+    report_path = os.path.join(output_dir, "robustness.json")
+    with open(report_path, "w") as handle:
+        json.dump({name: [dataclasses.asdict(p) for p in points] for name, points in curves.items()}, handle, indent=2)
+    plot_path = os.path.join(output_dir, "robustness.png")
+    plotted = plot_report(curves, scale_name, plot_path)
+    print(f"report: {report_path}" + (f"; plot: {plot_path}" if plotted else " (install matplotlib for the plot)"))
+
+
+def held_out_batches(config: Any, count: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """``count`` micro-batches of the recipe's validation split; an explicit causal mask on the CPU."""
+    _, valid = recipe_datasets(config, 0, count * config.train.micro_batch_size)
+    mask = causal_attention_mask(config.model.seq_length) if device.type == "cpu" else None
+    return collate(valid, count, config.train.micro_batch_size, mask, device)
+
+
+class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callback):
+    """Bridge callback: the robustness curve of the first model chunk at the start and at the end of training.
+
+    At the end (rank 0) it prints the table and writes ``robustness.{json,png}`` to ``output_dir``. A run that
+    stops before its last iteration writes no report.
+    """
+
+    def __init__(self, noise: NoiseConfig, output_dir: str) -> None:
+        self.noise, self.output_dir = noise, output_dir
+        self.curves: dict[str, list[RobustnessPoint]] = {}
+        self.batches: list[dict[str, torch.Tensor]] | None = None
+
+    def _curve(self, context: Any) -> list[RobustnessPoint]:
+        from megatron.core.utils import unwrap_model
+
+        model = unwrap_model(context.model[0])
+        if self.batches is None:
+            device = next(model.parameters()).device
+            self.batches = held_out_batches(context.state.cfg, HELD_OUT_BATCHES, device)
+        return robustness_curve(model, self.batches, self.noise, REPORT_SCALES, logits_of)
+
+    def on_train_start(self, context: Any) -> None:
+        self.curves["before"] = self._curve(context)
+        if context.state.train_state.step:
+            print(f"resumed: the report's 'before' is the model at iteration {context.state.train_state.step}")
+
+    def on_train_end(self, context: Any) -> None:
+        self.curves["after"] = self._curve(context)
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            write_report(self.curves, scale_field(self.noise), self.output_dir)

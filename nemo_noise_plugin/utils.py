@@ -7,6 +7,7 @@ Helpers shared across the Megatron noise layer, noisy model, and distillation pr
 - ``freeze_module``: disable gradients on every parameter of a module.
 - ``should_attach_noise``: decide whether the current pipeline stage should carry the noise layer (only the first
   pipeline stage does).
+- ``group_rank`` / ``group_size``: a process's rank in, and the size of, an optional process group.
 
 Only ``should_attach_noise`` needs the Megatron runtime; it imports ``megatron.core`` lazily so the copy/freeze
 helpers remain importable (and testable) without the NeMo container.
@@ -21,7 +22,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["deepcopy_module_with_process_groups", "freeze_module", "should_attach_noise"]
+__all__ = [
+    "deepcopy_module_with_process_groups",
+    "freeze_module",
+    "group_rank",
+    "group_size",
+    "should_attach_noise",
+]
 
 # Leaf types whose contents cannot hold a process group; skipping them keeps the walk cheap.
 _ATOMIC_TYPES = (str, bytes, int, float, bool, complex, type(None), torch.dtype, torch.device, torch.Size)
@@ -130,3 +137,13 @@ def should_attach_noise(vp_stage: int | None) -> bool:
             f"(0..{virtual_size - 1})."
         )
     return parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
+
+
+def group_rank(group: torch.distributed.ProcessGroup | None) -> int:
+    """This process's rank in ``group``; 0 without a group or without torch.distributed."""
+    return torch.distributed.get_rank(group) if group is not None and torch.distributed.is_initialized() else 0
+
+
+def group_size(group: torch.distributed.ProcessGroup | None) -> int:
+    """The size of ``group``; 1 without a group or without torch.distributed."""
+    return torch.distributed.get_world_size(group) if group is not None and torch.distributed.is_initialized() else 1

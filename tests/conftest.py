@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_noise_plugin.testing.harness import causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
+from tests.support.models import causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from nemo_noise_plugin.testing.harness import free_port
+from tests.support.models import free_port
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:

@@ -1,4 +1,4 @@
-"""The finetune command lines: ``nemo llm finetune`` (NeMo-Run) and ``python -m nemo_noise_plugin.finetune``.
+"""The finetune command lines: ``nemo llm finetune`` (NeMo-Run) and ``python -m nemo_noise_plugin.cli.finetune``.
 
 Both resolve a recipe by ``--factory`` name, apply trailing Hydra overrides through Megatron-Bridge's override path,
 then print (``--dryrun``), export (``--to-yaml``) or launch Bridge's training with the plugin's forward step. Most
@@ -18,9 +18,10 @@ import pytest
 import torch
 import yaml
 
-from nemo_noise_plugin import finetune as finetune_cli
-from nemo_noise_plugin.finetune import RECIPES, FinetuneError, UnknownFactoryError, run_finetune
-from nemo_noise_plugin.launch import GPU_REQUIRED_MESSAGE, GPUUnavailableError
+from nemo_noise_plugin.cli import finetune as finetune_cli
+from nemo_noise_plugin.recipes import RECIPES
+from nemo_noise_plugin.training.finetune import FinetuneError, UnknownFactoryError, run_finetune
+from nemo_noise_plugin.training.launch import GPU_REQUIRED_MESSAGE, GPUUnavailableError
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NEMO = pathlib.Path(sys.executable).with_name("nemo")
@@ -41,7 +42,7 @@ def no_cuda(monkeypatch):
 @pytest.fixture
 def fake_training(monkeypatch):
     """A GPU that is not used: Bridge's training entry is replaced by a recorder."""
-    from nemo_noise_plugin import launch
+    from nemo_noise_plugin.training import launch
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -66,7 +67,7 @@ def _nemo(*args: str, cwd: pathlib.Path = REPO) -> subprocess.CompletedProcess:
 
 
 def test_distillation_overrides_reach_the_config():
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     config = run_finetune("tiny_noise_distillation", DISTILLATION_OVERRIDES, dryrun=True, print_fn=_quiet)
     assert type(config.model) is NoisyDistillationProvider
@@ -91,7 +92,7 @@ def test_dry_run_says_what_would_run():
     (text,) = lines
     assert text.startswith("Dry run (nothing launched):")
     assert "NoisyDistillationProvider" in text
-    assert "forward step  nemo_noise_plugin.forward_step.distillation_forward_step" in text
+    assert "forward step  nemo_noise_plugin.training.forward_step.distillation_forward_step" in text
     assert "entry         megatron.bridge.training.pretrain.pretrain" in text
     assert "7 iterations" in text and "alpha=10.0" in text and "temperature=2.0" in text
 
@@ -130,7 +131,7 @@ def test_to_yaml_writes_bridges_yaml_with_the_overrides(tmp_path, no_cuda):
     run_finetune("tiny_noise_distillation", DISTILLATION_OVERRIDES, to_yaml=str(path), print_fn=_quiet)
     written = yaml.safe_load(path.read_text())
     assert written["_target_"] == "megatron.bridge.training.config.ConfigContainer"
-    assert written["model"]["_target_"] == "nemo_noise_plugin.distillation.provider.NoisyDistillationProvider"
+    assert written["model"]["_target_"] == "nemo_noise_plugin.providers.NoisyDistillationProvider"
     assert written["model"]["noise"]["alpha"] == 10.0
     assert written["model"]["kd"]["temperature"] == 2.0
     assert written["train"]["train_iters"] == 7
@@ -157,7 +158,7 @@ def test_a_real_run_without_cuda_stops_before_building_the_config(no_cuda):
 
 
 def test_a_real_run_trains_with_the_distillation_forward_step(fake_training):
-    from nemo_noise_plugin.forward_step import distillation_forward_step
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step
 
     config = run_finetune("tiny_noise_distillation", DISTILLATION_OVERRIDES, print_fn=_quiet)
     assert fake_training[0] == "prebuilt helpers"
@@ -172,8 +173,8 @@ def test_a_declined_confirmation_launches_nothing(fake_training):
 
 def test_forward_step_and_entry_follow_the_config():
     from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
-    from nemo_noise_plugin.launch import forward_step_for, training_entry_for
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.training.launch import forward_step_for, training_entry_for
 
     sft = run_finetune("tiny_noise_sft", dryrun=True, print_fn=_quiet)
     distillation = run_finetune("tiny_noise_distillation", dryrun=True, print_fn=_quiet)
@@ -184,7 +185,7 @@ def test_forward_step_and_entry_follow_the_config():
     assert training_entry_for(sft) is import_bridge("megatron.bridge.training.finetune").finetune
 
 
-# --- python -m nemo_noise_plugin.finetune --------------------------------------------------------------------------
+# --- python -m nemo_noise_plugin.cli.finetune ----------------------------------------------------------------------
 
 
 def test_python_module_dry_run(capsys):
@@ -208,7 +209,7 @@ def test_python_module_without_cuda_exits_1_with_the_message(capsys, no_cuda):
 
 def test_python_module_to_yaml_prints_only_yaml_on_stdout():
     result = subprocess.run(
-        [sys.executable, "-m", "nemo_noise_plugin.finetune", "--factory", "tiny_noise_distillation"]
+        [sys.executable, "-m", "nemo_noise_plugin.cli.finetune", "--factory", "tiny_noise_distillation"]
         + DISTILLATION_OVERRIDES
         + ["--to-yaml"],
         capture_output=True,
@@ -226,9 +227,9 @@ def test_python_module_to_yaml_prints_only_yaml_on_stdout():
 
 @pytest.fixture(scope="module")
 def cli_llm():
-    from nemo_noise_plugin import cli_llm
+    from nemo_noise_plugin.cli import nemo_llm
 
-    return cli_llm
+    return nemo_llm
 
 
 def _context(cli_llm, **options):
@@ -242,9 +243,9 @@ def test_recipes_are_nemo_run_factories_of_finetune(cli_llm):
 
 def test_importing_the_entry_points_loads_neither_bridge_nor_the_recipes():
     script = (
-        "import sys, nemo_noise_plugin.cli, nemo_noise_plugin.cli_llm; "
+        "import sys, nemo_noise_plugin.cli.nemo_noise, nemo_noise_plugin.cli.nemo_llm; "
         "print(sorted({m.split('.')[0] for m in sys.modules if m.startswith(('megatron', 'transformer_engine'))}), "
-        "'nemo_noise_plugin.recipes' in sys.modules)"
+        "any(m.startswith('nemo_noise_plugin.recipes.') for m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -272,7 +273,7 @@ def test_nemo_context_errors_are_run_context_errors(cli_llm, monkeypatch):
         (dict(factory="nope", dryrun=True), [], f"Available factories: {ALL_FACTORIES}"),
         (dict(dryrun=True), [], f"--factory is required; available: {ALL_FACTORIES}"),
         (dict(factory="tiny_noise_sft", dryrun=True), ["model.noise.alpah=1"], "model.noise.alpah is not a field"),
-        (dict(factory="tiny_noise_sft", yaml="a.yaml"), [], "--yaml is not supported"),
+        (dict(factory="tiny_noise_sft", dryrun=True), ["--yaml", "a.yaml"], "unknown option '--yaml'"),
         (dict(factory="tiny_noise_sft"), ["executor=local"], "runs in-process; launch it with torchrun"),
         (dict(factory="llama32_1b_noise_sft", skip_confirmation=True), [], GPU_REQUIRED_MESSAGE),
     ]
@@ -320,7 +321,7 @@ def test_with_nemo2_installed_the_plugin_does_not_shadow_its_llm_finetune(tmp_pa
         import catalogue
         from nemo_run.cli.cli_parser import parse_cli_args, parse_factory
         from nemo.collections.llm import finetune as nemo2_finetune
-        from nemo_noise_plugin import cli_llm
+        from nemo_noise_plugin.cli import nemo_llm as cli_llm
 
         root = "nemo_run.cli.entrypoints"
         print(cli_llm.nemo2_llm_finetune() is nemo2_finetune)
@@ -369,7 +370,7 @@ def test_nemo_llm_finetune_dry_run_applies_the_overrides(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "Dry run (nothing launched):" in out
-    assert "forward step  nemo_noise_plugin.forward_step.distillation_forward_step" in out
+    assert "forward step  nemo_noise_plugin.training.forward_step.distillation_forward_step" in out
     assert "7 iterations" in out and "alpha=10.0" in out and "temperature=2.0" in out
     assert f"save={tmp_path} " in out
 
@@ -399,7 +400,7 @@ def test_nemo_llm_finetune_of_a_tiny_recipe_without_cuda_runs_the_cpu_loop_and_r
     result = _nemo("llm", "finetune", "-f", "tiny_noise_sft", "-y", "train.train_iters=3", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "CPU loop (Bridge's training loop needs CUDA)" in result.stdout
-    progress = re.findall(r"^\s+(\d+)\s+([0-9.]+)\s+-\s+(\d+)$", result.stdout, flags=re.MULTILINE)
+    progress = re.findall(r"^\s+(\d+)/3\s+([0-9.]+)\s+-\s+(\d+)$", result.stdout, flags=re.MULTILINE)
     assert [int(step) for step, _, _ in progress] == [1, 2, 3]
     run_dir = tmp_path / "nemo_experiments" / "tiny_noise_sft"
     assert "robustness report" in result.stdout

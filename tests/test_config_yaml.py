@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
 
 
@@ -44,7 +44,7 @@ def test_importing_the_providers_module_allows_the_plugins_classes_and_nothing_e
     allowlist = bridge["instantiate_utils"].target_allowlist
     assert providers.TARGET_PREFIX == "nemo_noise_plugin."
     assert allowlist.is_allowed("nemo_noise_plugin.providers.NoisyGPTModelProvider")
-    assert allowlist.is_allowed("nemo_noise_plugin.distillation.kd_config.KDConfig")
+    assert allowlist.is_allowed("nemo_noise_plugin.distillation.config.KDConfig")
     assert not allowlist.is_allowed("nemo_noise_plugin_extra.providers.NoisyGPTModelProvider")
     assert not allowlist.is_allowed("os.system")
 
@@ -66,7 +66,7 @@ def test_the_sft_recipe_round_trips_through_yaml(bridge, tmp_path):
 
 
 def test_the_distillation_recipe_round_trips_through_yaml(bridge, tmp_path):
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     kd = KDConfig(loss="jsd", jsd_beta=0.3, temperature=2.0, top_k=8, hidden_loss="mse", hidden_layers=[0, 2])
     config = bridge["recipes"].tiny_noise_distillation_config(dir=str(tmp_path), noise=NoiseConfig(alpha=15.0), kd=kd)
@@ -112,7 +112,7 @@ def test_load_config_yaml_reloads_a_run_config_in_a_fresh_process(bridge, tmp_pa
     config = bridge["recipes"].tiny_noise_distillation_config(dir=str(tmp_path), kd=KDConfig(temperature=4.0))
     config.to_yaml(str(path))
     script = (
-        "from nemo_noise_plugin.config_io import load_config_yaml\n"
+        "from nemo_noise_plugin.training.overrides import load_config_yaml\n"
         f"config = load_config_yaml({str(path)!r})\n"
         "print(type(config.model).__name__, config.model.kd.temperature, config.model.noise.alpha)\n"
     )

@@ -14,8 +14,12 @@ def _run_demo(*args: str, cwd=None) -> subprocess.CompletedProcess:
     )
 
 
+PROGRESS_LINE = re.compile(r"^\s+(\d+)/\d+\s+(\d+\.\d+)\s+(\S+)\s+(\d+)\s*$")
+
+
 def _rows(out: str) -> list[list[str]]:
-    return [line.split() for line in out.splitlines() if re.match(r"^\s+\d+\s+\d+\.\d+\s", line)]
+    """Progress lines ``step/steps  loss  kd  tokens/s`` as ``[step, loss, kd, tokens/s]``."""
+    return [list(match.groups()) for line in out.splitlines() if (match := PROGRESS_LINE.match(line))]
 
 
 def test_main_job_trains_the_tiny_recipe_and_writes_the_robustness_report(tmp_path):
@@ -53,9 +57,7 @@ def test_main_job_rejects_bad_noise_settings_with_the_field_name():
 
 
 def test_main_job_takes_a_yaml_preset_and_flag_overrides(tmp_path):
-    result = _run_demo(
-        "--steps", "1", "--noise-config", "configs/noise/gaussian.yaml", "--sigma", "3", "--output-dir", str(tmp_path)
-    )
+    result = _run_demo("--steps", "1", "--noise-config", "gaussian", "--sigma", "3", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mechanism='gaussian'" in result.stdout and "sigma=3.0" in result.stdout
     assert "against sigma" in result.stdout

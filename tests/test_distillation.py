@@ -10,10 +10,10 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.process_groups_config import ProcessGroupCollection
 
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+from nemo_noise_plugin.distillation.config import KDConfig
+from nemo_noise_plugin.model import NoisyGPTModel
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
-from nemo_noise_plugin.testing.harness import TINY_CPU_TRANSFORMER_SETTINGS, causal_attention_mask
+from tests.support.models import TINY_CPU_TRANSFORMER_SETTINGS, causal_attention_mask
 
 SEQ = 32
 
@@ -31,7 +31,7 @@ def bridge(megatron_cpu):
 
 
 def _provider(noise: NoiseConfig, kd: KDConfig | None = None, **overrides):
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     provider = NoisyDistillationProvider(
         **{
@@ -95,15 +95,14 @@ def _batch():
 
 
 def _distill(state, chunk):
-    from nemo_noise_plugin.forward_step import distillation_forward_step
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step
 
     logits, loss_function = distillation_forward_step(state, iter([_batch()]), chunk)
     return logits, loss_function(logits)
 
 
 def test_kd_and_noise_settings_are_dataclass_fields_of_a_bridge_provider(bridge):
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
-    from nemo_noise_plugin.providers import NoisyGPTModelProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider, NoisyGPTModelProvider
 
     names = [field.name for field in dataclasses.fields(NoisyDistillationProvider)]
     assert {"kd", "noise", "teacher_shares_frozen_modules", "hidden_size"} <= set(names)
@@ -180,7 +179,7 @@ def test_hidden_state_matching_at_chosen_layers(bridge):
 
 
 def test_noise_forward_step_is_bridges_step_plus_the_noise_clock_and_the_loss_mask(bridge):
-    from nemo_noise_plugin.forward_step import noise_forward_step
+    from nemo_noise_plugin.training.forward_step import noise_forward_step
 
     provider = _provider(NoiseConfig(enabled=False))
     (plain,) = _model(provider)
@@ -196,7 +195,8 @@ def test_noise_forward_step_is_bridges_step_plus_the_noise_clock_and_the_loss_ma
     output, _ = noise_forward_step(state, iter([_batch()]), noisy)
     assert not torch.equal(output, expected)
     assert noisy.noise_clock.iteration == 4  # synced to step 3, then advanced past its single microbatch
-    assert noisy._noise_loss_mask is None, "the loss mask is handed over for one forward only"
+    with noisy.noise_batch_inputs() as handed:
+        assert handed.loss_mask is None, "the loss mask is handed over for one forward step only"
 
 
 @pytest.mark.parametrize(
@@ -207,7 +207,7 @@ def test_noise_forward_step_is_bridges_step_plus_the_noise_clock_and_the_loss_ma
     ],
 )
 def test_unsupported_distillation_settings_are_rejected_before_building(bridge, overrides, message):
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     kd = overrides.pop("kd", KDConfig())
     provider = NoisyDistillationProvider(

@@ -18,7 +18,7 @@ GLOBAL_BATCH, SEQ = 4, 32
 
 
 def _global_batch() -> dict[str, torch.Tensor]:
-    from nemo_noise_plugin.testing.harness import causal_attention_mask
+    from tests.support.models import causal_attention_mask
 
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 256, (GLOBAL_BATCH, SEQ), generator=generator)
@@ -43,12 +43,12 @@ def _distil_on_dp_rank(rank: int, world_size: int, port: int) -> dict:
     )
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from nemo_noise_plugin.distillation.kd_config import KDConfig
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
-    from nemo_noise_plugin.forward_step import distillation_forward_step
+    from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.testing.harness import TINY_CPU_TRANSFORMER_SETTINGS, destroy_cpu_parallel, init_cpu_parallel
-    from nemo_noise_plugin.testing.schedule_plan import bridge_state
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step
+    from tests.support.models import TINY_CPU_TRANSFORMER_SETTINGS, destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.schedule_plan import bridge_state
 
     init_cpu_parallel(rank=rank, world_size=world_size, port=port)
     micro_batch = GLOBAL_BATCH // world_size

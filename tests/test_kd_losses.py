@@ -431,7 +431,7 @@ def _tp2_worker(rank: int, world_size: int, port: int) -> dict:
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
 
     init_cpu_parallel(rank=rank, world_size=world_size, port=port, tensor_model_parallel_size=TP)
     try:
@@ -504,7 +504,7 @@ def _modelopt_results(rank: int, tp: int) -> dict:
     import modelopt.torch.distill.plugins.megatron as modelopt_megatron
     from megatron.core import parallel_state
 
-    from nemo_noise_plugin.testing.harness import tiny_gpt_config
+    from tests.support.models import tiny_gpt_config
 
     data = make_inputs()
     shard = slice(rank * VOCAB // tp, (rank + 1) * VOCAB // tp)
@@ -528,7 +528,7 @@ def _modelopt_results(rank: int, tp: int) -> dict:
 
 
 def _modelopt_tp2_worker(rank: int, world_size: int, port: int) -> dict:
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
 
     init_cpu_parallel(rank=rank, world_size=world_size, port=port, tensor_model_parallel_size=TP)
     try:

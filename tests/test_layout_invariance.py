@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from nemo_noise_plugin.noise.selection import NoiseBatchInputs
 from tests.multiprocess import run_on_gloo_ranks
 
 SEQ, BATCH, HIDDEN, ITERATION = 16, 4, 64, 3
@@ -62,7 +62,7 @@ def _noise_at_layout(rank: int, world_size: int, port: int, tp: int, cp: int, sp
     from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.utils import get_batch_on_this_cp_rank
 
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
 
     init_cpu_parallel(
         rank=rank, world_size=world_size, port=port, tensor_model_parallel_size=tp, context_parallel_size=cp
@@ -193,8 +193,8 @@ def test_different_iterations_samples_and_positions_get_independent_noise(refere
 
 
 def _model_noise_under_tp(rank: int, world_size: int, port: int) -> torch.Tensor:
-    from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
-    from nemo_noise_plugin.testing.harness import (
+    from nemo_noise_plugin.model import NoisyGPTModel
+    from tests.support.models import (
         build_tiny_gpt,
         destroy_cpu_parallel,
         init_cpu_parallel,

@@ -5,8 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_noise_plugin.noise.lengths import lengths_from_loss_mask, lengths_from_padding_mask
-from nemo_noise_plugin.noise.positions import LocalLayout, zigzag_to_global
+from nemo_noise_plugin.noise.geometry import (
+    LocalLayout,
+    lengths_from_loss_mask,
+    lengths_from_padding_mask,
+    zigzag_to_global,
+)
 from tests.multiprocess import run_on_gloo_ranks
 
 
@@ -44,7 +48,7 @@ def test_padding_mask_length_counts_real_tokens():
 def _lengths_on_cp_shard(rank: int, world_size: int, port: int) -> dict:
     from megatron.core import parallel_state
 
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
 
     init_cpu_parallel(rank=rank, world_size=world_size, port=port, context_parallel_size=2)
     try:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
-import pathlib
 import re
 
 import pytest
 
+from nemo_noise_plugin.distillation.config import KDConfig, load_kd_config
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.presets import available_presets, preset_path
 
 
 def test_defaults_are_neftune_with_true_length_scaling():
@@ -63,20 +64,56 @@ def test_bad_values_name_the_field_the_value_and_what_is_allowed(field, value, a
     assert allowed in message
 
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "noise"
+NOISE_PRESETS = available_presets("noise")
+KD_PRESETS = available_presets("kd")
 
 
-@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_noise_preset_loads_and_validates(path):
-    config = load_noise_config(path)
-    assert isinstance(config, NoiseConfig)
+def test_presets_ship_with_the_package():
+    assert {"neftune_alpha5", "neftune_alpha10", "gaussian", "dp_gaussian_mechanism", "metric_dp", "off"} <= set(
+        NOISE_PRESETS
+    )
+    assert {"forward_kl", "forward_kl_t2", "reverse_kl", "jsd", "kd_only"} <= set(KD_PRESETS)
+
+
+@pytest.mark.parametrize("name", NOISE_PRESETS)
+def test_every_shipped_noise_preset_loads_and_validates(name):
+    assert isinstance(load_noise_config(name), NoiseConfig)
+
+
+@pytest.mark.parametrize("name", KD_PRESETS)
+def test_every_shipped_kd_preset_loads_and_validates(name):
+    assert isinstance(load_kd_config(name), KDConfig)
+
+
+def test_kd_presets_hold_the_documented_values():
+    assert load_kd_config("forward_kl_t2").temperature == 2.0
+    assert load_kd_config("kd_only").ce_weight == 0.0
+    assert load_kd_config("jsd", jsd_beta=0.25).jsd_beta == 0.25
+
+
+def test_a_preset_loads_by_path_as_by_name():
+    path = preset_path("noise", "gaussian")
+    assert path.is_file() and load_noise_config(path) == load_noise_config("gaussian")
+    assert load_noise_config(str(path)) == load_noise_config("gaussian")
+
+
+def test_an_unknown_preset_name_lists_the_available_ones():
+    with pytest.raises(FileNotFoundError, match="no noise preset named 'neftune_alpha7'; available: .*neftune_alpha5"):
+        load_noise_config("neftune_alpha7")
+
+
+def test_a_yaml_syntax_error_names_the_file(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("alpha: [1, 2\n")
+    with pytest.raises(ValueError, match="broken.yaml: not valid YAML"):
+        load_noise_config(broken)
 
 
 def test_presets_hold_the_documented_values():
-    assert load_noise_config(CONFIGS / "neftune_alpha15.yaml").alpha == 15.0
-    assert load_noise_config(CONFIGS / "neftune_alpha5_hf_compatible.yaml").scaling == "padded_length"
-    assert load_noise_config(CONFIGS / "gaussian.yaml", sigma=2.0).sigma == 2.0
-    assert not load_noise_config(CONFIGS / "off.yaml").enabled
+    assert load_noise_config("neftune_alpha15").alpha == 15.0
+    assert load_noise_config("neftune_alpha5_hf_compatible").scaling == "padded_length"
+    assert load_noise_config("gaussian", sigma=2.0).sigma == 2.0
+    assert not load_noise_config("off").enabled
 
 
 def test_unknown_keys_in_a_yaml_preset_are_named(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from nemo_noise_plugin.model import NoisyGPTModel
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
-from nemo_noise_plugin.testing.harness import build_tiny_gpt, tiny_gpt_config
+from tests.support.models import build_tiny_gpt, tiny_gpt_config
 
 NOISE = NoiseConfig(alpha=10.0, schedule="cosine", warmup_steps=2, decay_steps=6, min_factor=0.2, seed=42)
 

@@ -9,11 +9,11 @@ import torch
 from scipy import stats
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.mechanisms import metric_dp_noise
 from nemo_noise_plugin.noise.philox import philox4x32
 from nemo_noise_plugin.noise.schedule import NoiseClock, schedule_factor
-from nemo_noise_plugin.noise.selection import NoiseBatchInputs
 
 SEQ, BATCH, HIDDEN = 256, 8, 64
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from megatron.core.models.gpt.gpt_model import GPTModel
 
+from nemo_noise_plugin.model import NoiseInjectionMixin, NoisyGPTModel, make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin, NoisyGPTModel, make_noisy
-from nemo_noise_plugin.testing.harness import build_tiny_gpt, tiny_gpt_config
+from tests.support.models import build_tiny_gpt, tiny_gpt_config
 
 HIDDEN = 64
 

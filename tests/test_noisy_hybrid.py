@@ -23,12 +23,12 @@ from megatron.core.transformer.transformer_layer import (
 )
 
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
+from nemo_noise_plugin.model import NoiseInjectionMixin, NoisyGPTModel, make_noisy, plain_class_of
+from nemo_noise_plugin.model.hybrid import NoisyHybridModel
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin, NoisyGPTModel, make_noisy, plain_class_of
-from nemo_noise_plugin.noisy_hybrid import NoisyHybridModel
-from nemo_noise_plugin.testing.harness import build_tiny_gpt, tiny_gpt_config
+from tests.support.models import build_tiny_gpt, tiny_gpt_config
 
 PATTERN = "*-*E"
 HIDDEN = 64

@@ -9,7 +9,8 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 
 @pytest.fixture(scope="module")
 def io(megatron_cpu):
-    from nemo_noise_plugin import config_io, recipes
+    from nemo_noise_plugin import recipes
+    from nemo_noise_plugin.training import overrides as config_io
 
     return dict(config_io=config_io, recipes=recipes)
 

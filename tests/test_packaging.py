@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 import sys
 import tomllib
+import zipfile
 from importlib import metadata
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -21,7 +22,8 @@ def test_metadata_requires_python_312_and_keeps_ranges():
 
 def test_plugin_is_registered_under_the_nemo_run_cli_group():
     entry_points = {ep.name: ep.value for ep in metadata.entry_points(group="nemo_run.cli")}
-    assert entry_points.get("noise") == "nemo_noise_plugin.cli"
+    assert entry_points.get("noise") == "nemo_noise_plugin.cli.nemo_noise"
+    assert entry_points.get("llm") == "nemo_noise_plugin.cli.nemo_llm"
 
 
 def test_nemo_help_lists_the_noise_group_and_succeeds():
@@ -39,7 +41,26 @@ def test_nemo_help_lists_the_noise_group_and_succeeds():
 
 
 def test_importing_the_cli_entry_point_is_cheap():
-    script = "import sys, nemo_noise_plugin.cli; print(any(m.startswith('megatron') for m in sys.modules))"
+    script = "import sys, nemo_noise_plugin.cli.nemo_noise; print(any(m.startswith('megatron') for m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_the_wheel_ships_the_presets_and_the_corpus(tmp_path):
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
+    result = subprocess.run(
+        [*build, str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (wheel,) = tmp_path.glob("nemo_noise_plugin-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    presets = {name for name in names if name.startswith("nemo_noise_plugin/presets/") and name.endswith(".yaml")}
+    assert "nemo_noise_plugin/presets/noise/neftune_alpha5.yaml" in presets
+    assert "nemo_noise_plugin/presets/kd/forward_kl_t2.yaml" in presets
+    assert len(presets) == len(list((REPO / "nemo_noise_plugin" / "presets").glob("*/*.yaml")))
+    assert "nemo_noise_plugin/data/corpus.txt" in names
+    assert not any(name.startswith(("tests/", "nemo_noise_plugin/testing/")) for name in names)

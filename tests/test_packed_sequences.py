@@ -9,9 +9,9 @@ import torch
 from megatron.core.packed_seq_params import PackedSeqParams
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from nemo_noise_plugin.noise.selection import NoiseBatchInputs
 from tests.multiprocess import run_on_gloo_ranks
 
 HIDDEN = 64
@@ -90,7 +90,7 @@ def _te_partition(cp_size: int, cp_rank: int) -> torch.Tensor:
 def _packed_noise_under_cp(rank: int, world_size: int, port: int) -> dict:
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
 
     init_cpu_parallel(rank=rank, world_size=world_size, port=port, context_parallel_size=2)
     try:

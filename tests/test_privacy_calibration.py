@@ -7,19 +7,19 @@ import math
 import numpy as np
 import pytest
 
+from nemo_noise_plugin.noise.calibration import (
+    analytic_gaussian_sigma,
+    classical_gaussian_sigma,
+    gaussian_mechanism_delta,
+    gaussian_mechanism_epsilon,
+    log_normal_cdf,
+)
 from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
     compose_zcdp,
     gaussian_zcdp_rho,
     metric_dp_epsilon,
     zcdp_to_dp_epsilon,
-)
-from nemo_noise_plugin.privacy.calibration import (
-    analytic_gaussian_sigma,
-    classical_gaussian_sigma,
-    gaussian_mechanism_delta,
-    gaussian_mechanism_epsilon,
-    log_normal_cdf,
 )
 
 TARGETS = [(1.0, 1e-5, 1.0), (0.5, 1e-5, 1.0), (8.0, 1e-5, 2.0), (0.1, 1e-6, 1.0), (2.0, 1e-10, 1.0), (50.0, 1e-5, 2.0)]

@@ -1,4 +1,4 @@
-"""The privacy ledger: numbers for the shipped presets, the no-guarantee cases, and both command lines."""
+"""The privacy ledger: numbers for the shipped presets, the no-guarantee cases, and the `nemo noise ledger` command."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
+from nemo_noise_plugin.cli.nemo_noise import run_ledger
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
-from nemo_noise_plugin.privacy.__main__ import main
 from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-GAUSSIAN_PRESET = REPO / "configs" / "noise" / "dp_gaussian_mechanism.yaml"
-METRIC_PRESET = REPO / "configs" / "noise" / "metric_dp.yaml"
+GAUSSIAN_PRESET = "dp_gaussian_mechanism"
+METRIC_PRESET = "metric_dp"
 
 
 @pytest.fixture(scope="module")
@@ -145,48 +145,37 @@ def test_ledger_argument_errors_name_the_argument(arguments, message):
         privacy_ledger(load_noise_config(GAUSSIAN_PRESET), **arguments)
 
 
-def test_module_command_applies_overrides(capsys):
-    arguments = ["ledger", str(GAUSSIAN_PRESET), "--sequence-length", "4", "epsilon=0.5", "calibration=classical"]
-    assert main(arguments) == 0
-    out = capsys.readouterr().out
+def test_ledger_command_applies_noise_config_overrides():
+    out = run_ledger([f"config={GAUSSIAN_PRESET}", "sequence_length=4", "epsilon=0.5", "calibration=classical"])
     assert "19.3792" in out  # 2 sqrt(2 ln(1.25e5)) / 0.5, the classical sigma
     assert "classical calibration" in out
 
 
-def test_module_command_reports_config_errors_by_field(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["ledger", str(GAUSSIAN_PRESET), "--sequence-length", "4", "clip_norm=null"])
-    assert exit_info.value.code == 2
-    assert "NoiseConfig.clip_norm=None is invalid" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["ledger", str(GAUSSIAN_PRESET), "--sequence-length", "4", "epsilom=4"])
-    assert "unknown NoiseConfig field 'epsilom'" in capsys.readouterr().err
+def test_ledger_command_reports_config_errors_by_field():
+    with pytest.raises(ValueError, match="NoiseConfig.clip_norm=None is invalid"):
+        run_ledger([f"config={GAUSSIAN_PRESET}", "sequence_length=4", "clip_norm=null"])
+    with pytest.raises(ValueError, match="unknown argument.s. epsilom: expected config, sequence_length"):
+        run_ledger([f"config={GAUSSIAN_PRESET}", "sequence_length=4", "epsilom=4"])
+    with pytest.raises(ValueError, match="missing argument.s. sequence_length"):
+        run_ledger([f"config={GAUSSIAN_PRESET}"])
+
+
+def test_ledger_command_reads_a_preset_by_path_too():
+    path = REPO / "nemo_noise_plugin" / "presets" / "noise" / "dp_gaussian_mechanism.yaml"
+    assert run_ledger([f"config={path}", "sequence_length=4"]) == run_ledger(
+        [f"config={GAUSSIAN_PRESET}", "sequence_length=4"]
+    )
 
 
 def _ledger_table(output: str) -> str:
     return output[output.index("Privacy ledger:") :].strip()
 
 
-def test_python_module_prints_the_ledger_table():
-    result = subprocess.run(
-        [sys.executable, "-m", "nemo_noise_plugin.privacy", "ledger", str(GAUSSIAN_PRESET)]
-        + ["--sequence-length", "512", "--epochs", "3", "--hidden-size", "4096"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    expected = privacy_ledger(load_noise_config(GAUSSIAN_PRESET), sequence_length=512, epochs=3, hidden_size=4096)
-    assert _ledger_table(result.stdout) == format_ledger(expected)
-    assert "2409.21" in result.stdout
-
-
 def test_nemo_noise_ledger_prints_the_same_table():
     nemo = pathlib.Path(sys.executable).with_name("nemo")
     result = subprocess.run(
-        [str(nemo), "noise", "ledger", "config_path=configs/noise/dp_gaussian_mechanism.yaml"]
-        + ["sequence_length=512", "epochs=3"],
+        [str(nemo), "noise", "ledger", "config=dp_gaussian_mechanism", "sequence_length=512", "epochs=3"]
+        + ["hidden_size=4096"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -194,5 +183,6 @@ def test_nemo_noise_ledger_prints_the_same_table():
         env={**os.environ, "COLUMNS": "200"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    expected = privacy_ledger(load_noise_config(GAUSSIAN_PRESET), sequence_length=512, epochs=3)
+    expected = privacy_ledger(load_noise_config(GAUSSIAN_PRESET), sequence_length=512, epochs=3, hidden_size=4096)
     assert _ledger_table(result.stdout) == format_ledger(expected)
+    assert "2409.21" in result.stdout

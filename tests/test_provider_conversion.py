@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
 
 HF_ARCHITECTURES = {
@@ -111,7 +111,7 @@ def test_the_pre_wrap_hooks_are_carried_in_a_list_of_their_own(bridge, hf_checkp
 
 
 def test_the_converted_provider_builds_a_noisy_model_holding_the_hf_weights(bridge, hf_checkpoint):
-    from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
+    from nemo_noise_plugin.model import NoisyGPTModel
 
     directory, hf_weights = hf_checkpoint
     plain = _build(_on_cpu(bridge, _autobridge_provider(bridge, directory)))[0]
@@ -134,7 +134,7 @@ def test_the_converted_provider_builds_a_noisy_model_holding_the_hf_weights(brid
 def test_provide_on_the_converted_provider_gives_a_noisy_model(bridge, hf_checkpoint):
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
+    from nemo_noise_plugin.model import NoisyGPTModel
 
     converted = bridge["providers"].noisy_provider_from(_autobridge_provider(bridge, hf_checkpoint[0], False))
     converted = _on_cpu(bridge, converted)
@@ -143,8 +143,8 @@ def test_provide_on_the_converted_provider_gives_a_noisy_model(bridge, hf_checkp
 
 
 def test_kd_gives_a_distillation_provider_whose_teacher_holds_the_hf_weights(bridge, hf_checkpoint):
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
     from nemo_noise_plugin.distillation.teacher_weights import attached_teacher
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     directory, hf_weights = hf_checkpoint
     kd = KDConfig(loss="jsd", temperature=2.0)
@@ -158,7 +158,7 @@ def test_kd_gives_a_distillation_provider_whose_teacher_holds_the_hf_weights(bri
 
 
 def test_a_plugin_provider_keeps_a_copy_of_its_own_noise_and_kd_settings(bridge):
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     source = NoisyDistillationProvider(
         num_layers=2,

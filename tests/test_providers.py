@@ -10,9 +10,9 @@ from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.process_groups_config import ProcessGroupCollection
 
+from nemo_noise_plugin.model import NoisyGPTModel
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import NoisyGPTModel
-from nemo_noise_plugin.testing.harness import TINY_CPU_TRANSFORMER_SETTINGS
+from tests.support.models import TINY_CPU_TRANSFORMER_SETTINGS
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
 
 
@@ -27,7 +27,7 @@ def test_tiny_noise_sft_recipe_is_a_valid_bridge_config_with_a_noisy_provider(re
 
 
 def test_tiny_distillation_recipe_carries_the_kd_settings(recipes, tmp_path):
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     config = recipes.tiny_noise_distillation_config(dir=str(tmp_path), kd=KDConfig(loss="jsd", temperature=2.0))
     config.validate()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_noise_plugin.distillation.kd_config import KDConfig
-from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.testing.schedule_plan import (
+from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+from tests.support.schedule_plan import (
     bound_forward_step,
     bridge_state,
     build_model,
@@ -35,7 +35,7 @@ def plan_cpu(megatron_cpu):
         init_num_microbatches_calculator,
     )
 
-    from nemo_noise_plugin.testing.cpu_substitutes import install_schedule_plan_substitutes
+    from nemo_noise_plugin.cpu.substitutes import install_schedule_plan_substitutes
 
     install_schedule_plan_substitutes()
     init_num_microbatches_calculator(0, None, MICROBATCHES * MICRO_BATCH_SIZE, MICRO_BATCH_SIZE, 1)
@@ -136,7 +136,7 @@ def test_the_plan_is_built_from_the_plugins_nodes(plan_cpu):
     assert all(
         type(node) is FrozenTolerantLayerNode for node in (layer.pre_dispatch_computation, layer.mlp, layer.moe_combine)
     )
-    assert plan.state.noise_loss_mask is batch["loss_mask"]
+    assert plan.state.noise_inputs.loss_mask is batch["loss_mask"]
 
 
 def test_kd_parts_are_reported_from_inside_the_plan(plan_cpu):
@@ -154,11 +154,11 @@ def test_kd_parts_are_reported_from_inside_the_plan(plan_cpu):
 
 @pytest.fixture
 def plan_with(monkeypatch):
-    import nemo_noise_plugin.schedule_plan as schedule_plan
+    from nemo_noise_plugin.schedule_plan import plan_mixin
 
     def swap(**node_classes):
-        variant = type("PlanWithUpstreamNodes", (schedule_plan.NoisyModelChunkSchedulePlan,), node_classes)
-        monkeypatch.setattr(schedule_plan, "NoisyModelChunkSchedulePlan", variant)
+        variant = type("PlanWithUpstreamNodes", (plan_mixin.NoisyModelChunkSchedulePlan,), node_classes)
+        monkeypatch.setattr(plan_mixin, "NoisyModelChunkSchedulePlan", variant)
 
     return swap
 

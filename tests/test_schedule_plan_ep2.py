@@ -41,12 +41,12 @@ def _ep2_rank(rank: int, world_size: int, port: int) -> dict[str, dict]:
     from megatron.core.transformer.module import Float16Module
 
     from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.distillation.kd_config import KDConfig
-    from nemo_noise_plugin.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.cpu.substitutes import install_schedule_plan_substitutes
+    from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.testing.cpu_substitutes import install_schedule_plan_substitutes
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
-    from nemo_noise_plugin.testing.schedule_plan import (
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.schedule_plan import (
         bound_forward_step,
         bridge_state,
         build_model,

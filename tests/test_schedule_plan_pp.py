@@ -27,11 +27,11 @@ def _interleaved_rank(rank: int, world_size: int, port: int) -> dict:
     from megatron.core.transformer.module import Float16Module
     from megatron.core.utils import unwrap_model
 
+    from nemo_noise_plugin.cpu.substitutes import install_schedule_plan_substitutes
+    from nemo_noise_plugin.model import NoiseInjectionMixin
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin
-    from nemo_noise_plugin.testing.cpu_substitutes import install_schedule_plan_substitutes
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
-    from nemo_noise_plugin.testing.schedule_plan import (
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.schedule_plan import (
         bridge_state,
         build_provider,
         microbatches,

@@ -8,9 +8,9 @@ import torch
 from megatron.core.models.gpt.gpt_model import GPTModel
 
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher, frozen_submodules
+from nemo_noise_plugin.model import NoiseInjectionMixin, NoisyGPTModel
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin, NoisyGPTModel
-from nemo_noise_plugin.testing.harness import build_tiny_gpt
+from tests.support.models import build_tiny_gpt
 
 
 def _student() -> NoisyGPTModel:

@@ -11,9 +11,9 @@ import textwrap
 import pytest
 import torch
 
-from nemo_noise_plugin.testing.harness import build_tiny_gpt
 from nemo_noise_plugin.utils import deepcopy_module_with_process_groups, freeze_module, should_attach_noise
 from tests.multiprocess import run_on_gloo_ranks
+from tests.support.models import build_tiny_gpt
 
 
 def test_plain_deepcopy_of_a_megatron_model_fails_on_its_process_groups(megatron_cpu):
@@ -105,7 +105,7 @@ def test_should_attach_noise_without_distributed_and_without_megatron():
 
 
 def _attach_decisions(rank: int, world_size: int, port: int, virtual_size: int | None) -> dict:
-    from nemo_noise_plugin.testing.harness import destroy_cpu_parallel, init_cpu_parallel
+    from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
 
     init_cpu_parallel(
         rank=rank,

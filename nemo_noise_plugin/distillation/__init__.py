@@ -1,6 +1,11 @@
-"""Knowledge distillation of a noisy student from a clean teacher: configuration and tensor-parallel KD losses."""
+"""Knowledge distillation of a noisy student from a clean teacher.
 
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+``config`` (``KDConfig``), ``vocab_parallel`` (reductions over the tensor-parallel logit shards), ``losses`` (the KD
+losses), ``teacher`` (the frozen clean copy), ``teacher_weights`` (its weights under Bridge), ``plan_loss`` (CE + KD
+inside the fine-grained schedule plan's post-process node).
+"""
+
+from nemo_noise_plugin.distillation.config import KDConfig, load_kd_config
 from nemo_noise_plugin.distillation.losses import (
     DistillationLoss,
     combined_distillation_loss,
@@ -12,9 +17,8 @@ from nemo_noise_plugin.distillation.losses import (
     logit_divergence,
     masked_token_mean,
     reverse_kl,
-    token_cross_entropy,
-    vocab_parallel_log_softmax,
 )
+from nemo_noise_plugin.distillation.vocab_parallel import token_cross_entropy, vocab_parallel_log_softmax
 
 __all__ = [
     "DistillationLoss",
@@ -25,6 +29,7 @@ __all__ = [
     "hidden_state_loss",
     "jsd",
     "kd_token_mask",
+    "load_kd_config",
     "logit_divergence",
     "masked_token_mean",
     "reverse_kl",

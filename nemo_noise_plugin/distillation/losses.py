@@ -25,101 +25,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from nemo_noise_plugin.distillation.kd_config import KD_LOSSES, KDConfig
+from nemo_noise_plugin.distillation.config import KD_LOSSES, KDConfig
+from nemo_noise_plugin.distillation.vocab_parallel import (
+    all_reduce,
+    compute_dtype,
+    global_max,
+    log_normaliser,
+    sum_over_shards,
+    sum_to_replicated,
+    token_cross_entropy,
+    vocab_parallel_log_softmax,
+)
+from nemo_noise_plugin.utils import group_rank, group_size
 
 ProcessGroup = dist.ProcessGroup
-
-
-def _group_size(group: ProcessGroup | None) -> int:
-    return 1 if group is None else dist.get_world_size(group)
-
-
-def _group_rank(group: ProcessGroup | None) -> int:
-    return 0 if group is None else dist.get_rank(group)
-
-
-def _compute_dtype(*tensors: Tensor) -> torch.dtype:
-    """float32 for half-precision logits (as Megatron's cross-entropy), float64 stays float64."""
-    dtype = torch.float32
-    for tensor in tensors:
-        dtype = torch.promote_types(dtype, tensor.dtype)
-    return dtype
-
-
-class _SumOverShards(torch.autograd.Function):
-    """All-reduce (sum) of per-shard partial sums that every rank then uses in its own shard's terms.
-
-    Backward sums the output gradients over the ranks too: rank ``r``'s partial sum influences every rank's terms.
-    """
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor, group: ProcessGroup) -> Tensor:
-        ctx.group = group
-        total = tensor.clone()
-        dist.all_reduce(total, group=group)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-class _SumToReplicated(torch.autograd.Function):
-    """All-reduce (sum) of per-shard partial results into a value every rank uses identically; backward: identity.
-
-    The same contract as Megatron's ``reduce_from_tensor_model_parallel_region``: each rank backpropagates the
-    same downstream loss, so the gradient of its partial result is the gradient of the total.
-    """
-
-    @staticmethod
-    def forward(ctx, tensor: Tensor, group: ProcessGroup) -> Tensor:
-        total = tensor.clone()
-        dist.all_reduce(total, group=group)
-        return total
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        return grad, None
-
-
-def _sum_over_shards(tensor: Tensor, group: ProcessGroup | None) -> Tensor:
-    return tensor if _group_size(group) == 1 else _SumOverShards.apply(tensor, group)
-
-
-def _sum_to_replicated(tensor: Tensor, group: ProcessGroup | None) -> Tensor:
-    return tensor if _group_size(group) == 1 else _SumToReplicated.apply(tensor, group)
-
-
-def _global_max(tensor: Tensor, group: ProcessGroup | None) -> Tensor:
-    """Max over the last dimension and all shards, detached (a shift that cancels out of every softmax)."""
-    maximum = tensor.detach().amax(dim=-1, keepdim=True)
-    if _group_size(group) > 1:
-        dist.all_reduce(maximum, op=dist.ReduceOp.MAX, group=group)
-    return maximum
-
-
-def vocab_parallel_log_softmax(logits: Tensor, tp_group: ProcessGroup | None = None) -> Tensor:
-    """Log-softmax over the full vocabulary of vocab-parallel ``logits`` ``[..., V/tp]``; returns this rank's shard.
-
-    Numerically stable (shifted by the global max) and computed in float32 at least. The backward is exact for a
-    loss made of every rank's shard: the normaliser's gradient is summed over the ranks.
-    """
-    logits = logits.to(_compute_dtype(logits))
-    shifted = logits - _global_max(logits, tp_group)
-    normaliser = _sum_over_shards(shifted.exp().sum(dim=-1, keepdim=True), tp_group)
-    return shifted - normaliser.log()
-
-
-def token_cross_entropy(logits: Tensor, labels: Tensor, tp_group: ProcessGroup | None = None) -> Tensor:
-    """Per-token cross-entropy ``-log p(label)`` of vocab-parallel ``logits`` (same as Megatron's CE, no smoothing)."""
-    log_probs = vocab_parallel_log_softmax(logits, tp_group)
-    shard = log_probs.size(-1)
-    local = labels.long() - _group_rank(tp_group) * shard
-    owned = (local >= 0) & (local < shard)
-    picked = log_probs.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)
-    return -_sum_to_replicated(torch.where(owned, picked, torch.zeros_like(picked)), tp_group)
 
 
 def _divergence_terms(student_log_probs: Tensor, teacher_log_probs: Tensor, kind: str, beta: float) -> Tensor:
@@ -143,7 +62,7 @@ def _top_k_log_probs(
     tokens (descending teacher logit); the teacher log-probs are complete on every rank, the student's are valid
     where ``owned`` (the token lies in this rank's vocabulary shard) and finite placeholders elsewhere.
     """
-    shard, tp_size, tp_rank = teacher_logits.size(-1), _group_size(tp_group), _group_rank(tp_group)
+    shard, tp_size, tp_rank = teacher_logits.size(-1), group_size(tp_group), group_rank(tp_group)
     if top_k > shard * tp_size:
         raise ValueError(f"top_k={top_k} exceeds the vocabulary size {shard * tp_size}.")
     values, indices = teacher_logits.topk(min(top_k, shard), dim=-1)
@@ -160,9 +79,9 @@ def _top_k_log_probs(
     local = indices - tp_rank * shard
     owned = (local >= 0) & (local < shard)
     selected = student_logits.gather(-1, local.clamp(0, shard - 1))
-    maximum = _global_max(torch.where(owned, selected.detach(), torch.full_like(selected, -math.inf)), tp_group)
+    maximum = global_max(torch.where(owned, selected.detach(), torch.full_like(selected, -math.inf)), tp_group)
     shifted = torch.where(owned, selected, maximum) - maximum  # placeholders stay finite: no NaN gradients
-    normaliser = _sum_over_shards((shifted.exp() * owned).sum(dim=-1, keepdim=True), tp_group)
+    normaliser = sum_over_shards((shifted.exp() * owned).sum(dim=-1, keepdim=True), tp_group)
     return shifted - normaliser.log(), teacher_log_probs, owned
 
 
@@ -192,7 +111,7 @@ def logit_divergence(
         raise ValueError(f"temperature={temperature!r} is invalid: expected > 0.")
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}.")
-    dtype = _compute_dtype(student_logits, teacher_logits)
+    dtype = compute_dtype(student_logits, teacher_logits)
     student = student_logits.to(dtype) / temperature
     teacher = teacher_logits.detach().to(dtype) / temperature
     if top_k is None:
@@ -203,7 +122,7 @@ def logit_divergence(
     else:
         student_log_probs, teacher_log_probs, owned = _top_k_log_probs(student, teacher, top_k, tp_group)
         terms = _divergence_terms(student_log_probs, teacher_log_probs, kind, beta) * owned
-    return _sum_to_replicated(terms.sum(dim=-1), tp_group)
+    return sum_to_replicated(terms.sum(dim=-1), tp_group)
 
 
 def forward_kl(
@@ -249,19 +168,6 @@ def jsd(
     )
 
 
-def _all_reduce(tensor: Tensor, group: ProcessGroup | None, op=dist.ReduceOp.SUM) -> Tensor:
-    if _group_size(group) > 1:
-        dist.all_reduce(tensor, op=op, group=group)
-    return tensor
-
-
-def _log_normaliser(scaled_logits: Tensor, group: ProcessGroup | None) -> Tensor:
-    """``log sum_v exp(z_v)`` over every shard, ``[..., 1]`` (no autograd)."""
-    maximum = _all_reduce(scaled_logits.amax(dim=-1, keepdim=True), group, dist.ReduceOp.MAX)
-    total = _all_reduce((scaled_logits - maximum).exp_().sum(dim=-1, keepdim=True), group)
-    return total.log_() + maximum
-
-
 class _CrossEntropyAndForwardKL(torch.autograd.Function):
     """Per-token CE (T = 1) and KL(p_T || p_S) (temperature T) of vocab-parallel logits in one memory-lean pass.
 
@@ -272,25 +178,25 @@ class _CrossEntropyAndForwardKL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, student_logits, teacher_logits, labels, temperature, group):
-        dtype = _compute_dtype(student_logits, teacher_logits)
+        dtype = compute_dtype(student_logits, teacher_logits)
         with torch.no_grad():
             student = student_logits.to(dtype)
-            student_lse = _log_normaliser(student, group)
-            shard, rank = student.size(-1), _group_rank(group)
+            student_lse = log_normaliser(student, group)
+            shard, rank = student.size(-1), group_rank(group)
             local = labels.long() - rank * shard
             owned = (local >= 0) & (local < shard)
             picked = student.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)
-            picked = _all_reduce(torch.where(owned, picked, torch.zeros_like(picked)), group)
+            picked = all_reduce(torch.where(owned, picked, torch.zeros_like(picked)), group)
             cross_entropy = student_lse.squeeze(-1) - picked
 
             scaled_student = student / temperature if temperature != 1.0 else student
-            scaled_lse = _log_normaliser(scaled_student, group) if temperature != 1.0 else student_lse
+            scaled_lse = log_normaliser(scaled_student, group) if temperature != 1.0 else student_lse
             teacher = teacher_logits.to(dtype) / temperature
-            teacher_lse = _log_normaliser(teacher, group)
+            teacher_lse = log_normaliser(teacher, group)
             teacher_log_probs = teacher.sub_(teacher_lse)
             terms = teacher_log_probs.exp() * (teacher_log_probs - (scaled_student - scaled_lse))
             del teacher, teacher_log_probs, scaled_student
-            divergence = _all_reduce(terms.sum(dim=-1), group)
+            divergence = all_reduce(terms.sum(dim=-1), group)
         ctx.save_for_backward(student_logits, teacher_logits, labels, student_lse, scaled_lse, teacher_lse)
         ctx.temperature, ctx.group = temperature, group
         return cross_entropy, divergence
@@ -299,7 +205,7 @@ class _CrossEntropyAndForwardKL(torch.autograd.Function):
     def backward(ctx, grad_ce, grad_kd):
         student_logits, teacher_logits, labels, student_lse, scaled_lse, teacher_lse = ctx.saved_tensors
         temperature, group = ctx.temperature, ctx.group
-        dtype = _compute_dtype(student_logits, teacher_logits)
+        dtype = compute_dtype(student_logits, teacher_logits)
         student = student_logits.to(dtype)
         kd_weight = None if grad_kd is None else (grad_kd / temperature).unsqueeze(-1)
         ce_weight = None if grad_ce is None else grad_ce.unsqueeze(-1)
@@ -316,7 +222,7 @@ class _CrossEntropyAndForwardKL(torch.autograd.Function):
             grad -= (teacher_logits.to(dtype) / temperature - teacher_lse).exp_().mul_(kd_weight)
         if grad_ce is not None:
             shard = student.size(-1)
-            local = labels.long() - _group_rank(group) * shard
+            local = labels.long() - group_rank(group) * shard
             owned = (local >= 0) & (local < shard)
             grad.scatter_add_(
                 -1, local.clamp(0, shard - 1).unsqueeze(-1), (-grad_ce * owned.to(grad.dtype)).unsqueeze(-1)
@@ -360,7 +266,7 @@ def hidden_state_loss(student_hidden: Tensor, teacher_hidden: Tensor, kind: str)
     """
     if student_hidden.shape != teacher_hidden.shape:
         raise ValueError(f"student hidden {tuple(student_hidden.shape)} != teacher {tuple(teacher_hidden.shape)}.")
-    dtype = _compute_dtype(student_hidden, teacher_hidden)
+    dtype = compute_dtype(student_hidden, teacher_hidden)
     student, teacher = student_hidden.to(dtype), teacher_hidden.detach().to(dtype)
     if kind == "mse":
         return (student - teacher).square().mean(dim=-1)
@@ -434,7 +340,7 @@ def combined_distillation_loss(
     ce_weight = config.ce_weight if config.enabled else 1.0
     if labels is None and ce_weight > 0:
         raise ValueError(f"labels are required with ce_weight={ce_weight!r} (enabled={config.enabled}).")
-    zero = student_logits.new_zeros((), dtype=_compute_dtype(student_logits))
+    zero = student_logits.new_zeros((), dtype=compute_dtype(student_logits))
     count = mask.to(zero.dtype).sum().detach()
     parts = {"ce": zero.detach(), "kd": zero.detach(), "hidden": zero.detach()}
     counts = {"ce": loss_mask.to(zero.dtype).sum().detach(), "kd": count, "hidden": count}
@@ -500,7 +406,7 @@ def _full_sequence(
     The student's gather splits its gradient back (``tensor_parallel_output_grad=False``): the loss after it is the
     same on every rank, so a reduce-scatter would count it ``tp`` times.
     """
-    if not sequence_parallel or _group_size(tp_group) == 1:
+    if not sequence_parallel or group_size(tp_group) == 1:
         return pair
     from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 

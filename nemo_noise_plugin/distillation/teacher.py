@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from nemo_noise_plugin.model.make_noisy import make_plain
 from nemo_noise_plugin.utils import freeze_module, process_group_memo
 
 ATTACHED_TEACHER_ATTRIBUTE = "_nemo_noise_clean_teacher"
@@ -82,16 +83,7 @@ def build_clean_teacher(student: nn.Module, *, share_frozen_modules: bool = Fals
         for name in _DATA_PARALLEL_PARAMETER_ATTRIBUTES:
             if name in parameter.__dict__:
                 delattr(parameter, name)
-    _remove_noise(teacher)
+    make_plain(teacher)
     freeze_module(teacher)
     teacher.eval()
     return teacher
-
-
-def _remove_noise(model: nn.Module) -> None:
-    from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin, plain_class_of
-
-    if isinstance(model, NoiseInjectionMixin):
-        model.__class__ = plain_class_of(type(model))
-        for name in ("noise_config", "noise_layer", "noise_clock", "_noise_loss_mask"):
-            model.__dict__.pop(name, None)

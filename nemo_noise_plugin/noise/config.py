@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
+from nemo_noise_plugin.validation import check_bool, check_choice, check_int, check_number
 
 NoiseMechanism = Literal["uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative"]
 NoiseScaling = Literal["true_length", "padded_length", "absolute"]
@@ -21,6 +22,7 @@ SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute")
 TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 CALIBRATIONS: tuple[str, ...] = ("analytic", "classical")
+_FIELD = "NoiseConfig."
 
 
 @dataclass
@@ -87,25 +89,25 @@ class NoiseConfig:
     """Philox key of the noise (independent of Megatron's RNG); the same seed gives the same noise at any layout."""
 
     def __post_init__(self) -> None:
-        _check_choice("mechanism", self.mechanism, MECHANISMS)
-        _check_choice("scaling", self.scaling, SCALINGS)
-        _check_choice("tokens", self.tokens, TOKEN_SELECTIONS)
-        _check_choice("schedule", self.schedule, SCHEDULES)
-        _check_choice("calibration", self.calibration, CALIBRATIONS)
+        check_choice(_FIELD + "mechanism", self.mechanism, MECHANISMS)
+        check_choice(_FIELD + "scaling", self.scaling, SCALINGS)
+        check_choice(_FIELD + "tokens", self.tokens, TOKEN_SELECTIONS)
+        check_choice(_FIELD + "schedule", self.schedule, SCHEDULES)
+        check_choice(_FIELD + "calibration", self.calibration, CALIBRATIONS)
         for name in ("enabled", "training_only"):
-            _check_bool(name, getattr(self, name))
+            check_bool(_FIELD + name, getattr(self, name))
         for name in ("alpha", "sigma", "quantization_step", "relative_scale"):
-            _check_number(name, getattr(self, name), minimum=0.0)
-        _check_number("eta", self.eta, minimum=0.0, inclusive=False)
-        _check_number("delta", self.delta, minimum=0.0, maximum=1.0, inclusive=False)
-        _check_number("min_factor", self.min_factor, minimum=0.0, maximum=1.0)
+            check_number(_FIELD + name, getattr(self, name), minimum=0.0)
+        check_number(_FIELD + "eta", self.eta, minimum=0.0, inclusive=False)
+        check_number(_FIELD + "delta", self.delta, minimum=0.0, maximum=1.0, inclusive=False)
+        check_number(_FIELD + "min_factor", self.min_factor, minimum=0.0, maximum=1.0)
         if self.clip_norm is not None:
-            _check_number("clip_norm", self.clip_norm, minimum=0.0, inclusive=False, optional=True)
+            check_number(_FIELD + "clip_norm", self.clip_norm, minimum=0.0, inclusive=False, optional=True)
         if self.epsilon is not None:
-            _check_number("epsilon", self.epsilon, minimum=0.0, inclusive=False, optional=True)
-        _check_int("seed", self.seed, maximum=2**32 - 1)
-        _check_int("warmup_steps", self.warmup_steps)
-        _check_int("decay_steps", self.decay_steps)
+            check_number(_FIELD + "epsilon", self.epsilon, minimum=0.0, inclusive=False, optional=True)
+        check_int(_FIELD + "seed", self.seed, maximum=2**32 - 1)
+        check_int(_FIELD + "warmup_steps", self.warmup_steps)
+        check_int(_FIELD + "decay_steps", self.decay_steps)
         self.special_token_ids = list(self.special_token_ids)
         for token_id in self.special_token_ids:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
@@ -158,7 +160,7 @@ class NoiseConfig:
         """gaussian_mechanism: the noise standard deviation calibrated to (epsilon, delta) at sensitivity ``2C``."""
         if self.mechanism != "gaussian_mechanism":
             raise ValueError(f"dp_sigma is defined for mechanism='gaussian_mechanism', not {self.mechanism!r}.")
-        from nemo_noise_plugin.privacy.calibration import analytic_gaussian_sigma, classical_gaussian_sigma
+        from nemo_noise_plugin.noise.calibration import analytic_gaussian_sigma, classical_gaussian_sigma
 
         calibrate = analytic_gaussian_sigma if self.calibration == "analytic" else classical_gaussian_sigma
         return calibrate(float(self.epsilon), float(self.delta), float(self.sensitivity))
@@ -184,54 +186,7 @@ class NoiseConfig:
         return self.enabled and self.magnitude > 0
 
 
-def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected one of {', '.join(allowed)}.")
-
-
-def _check_bool(name: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected true or false.")
-
-
-def _check_number(
-    name: str,
-    value: object,
-    *,
-    minimum: float,
-    maximum: float | None = None,
-    inclusive: bool = True,
-    optional: bool = False,
-) -> None:
-    is_number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    in_range = is_number and (value >= minimum if inclusive else value > minimum)
-    if in_range and maximum is not None:
-        in_range = value <= maximum if inclusive else value < maximum
-    if not in_range:
-        bound = f">= {minimum:g}" if inclusive else f"> {minimum:g}"
-        if maximum is not None:
-            bound = f"in [{minimum:g}, {maximum:g}]" if inclusive else f"in ({minimum:g}, {maximum:g})"
-        also = " (or null)" if optional else ""
-        raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected a finite number {bound}{also}.")
-
-
-def _check_int(name: str, value: object, maximum: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (maximum is not None and value > maximum):
-        limit = f" and <= {maximum}" if maximum is not None else ""
-        raise ValueError(f"NoiseConfig.{name}={value!r} is invalid: expected an integer >= 0{limit}.")
-
-
-def load_noise_config(path: str | os.PathLike[str], **overrides: Any) -> NoiseConfig:
-    """Read a ``NoiseConfig`` from a YAML file of its fields (e.g. ``configs/noise/*.yaml``), then apply overrides."""
-    import yaml
-
-    with open(path) as handle:
-        values = yaml.safe_load(handle) or {}
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a mapping of NoiseConfig fields, got {type(values).__name__}.")
-    allowed = [field.name for field in dataclasses.fields(NoiseConfig)]
-    unknown = sorted(set(values) - set(allowed))
-    if unknown:
-        raise ValueError(f"{path}: unknown NoiseConfig field(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}.")
-    values.update(overrides)
-    return NoiseConfig(**values)
+def load_noise_config(name_or_path: str | os.PathLike[str], **overrides: Any) -> NoiseConfig:
+    """A ``NoiseConfig`` from a preset name (``neftune_alpha5``; ``presets.available_presets("noise")``) or a YAML
+    file of its fields, then ``overrides``; validated like every ``NoiseConfig``."""
+    return load_config_yaml_fields(NoiseConfig, preset_path("noise", name_or_path), **overrides)

@@ -13,11 +13,16 @@ from typing import Any
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noise.lengths import group_rank, group_size
+from nemo_noise_plugin.noise.geometry import (
+    LocalLayout,
+    NoiseBatchInputs,
+    TokenGeometry,
+    global_sample_indices,
+    token_geometry,
+)
 from nemo_noise_plugin.noise.mechanisms import apply_noise, selected_tokens
-from nemo_noise_plugin.noise.positions import LocalLayout, global_sample_indices
 from nemo_noise_plugin.noise.schedule import NoiseClock, schedule_factor
-from nemo_noise_plugin.noise.selection import NoiseBatchInputs, TokenGeometry, token_geometry
+from nemo_noise_plugin.utils import group_rank, group_size
 
 __all__ = ["EmbeddingNoise", "NoiseBatchInputs"]
 
@@ -30,14 +35,25 @@ class EmbeddingNoise:
     Holds no parameters or buffers, so a model carrying it keeps the state-dict keys of a plain model.
     """
 
-    def __init__(self, config: NoiseConfig, *, sequence_parallel: bool, pg_collection: Any | None) -> None:
+    def __init__(
+        self,
+        config: NoiseConfig,
+        *,
+        sequence_parallel: bool,
+        pg_collection: Any | None,
+        megatron_groups: bool = True,
+    ) -> None:
+        """``pg_collection`` gives the tp/cp/dp groups; a group it lacks comes from Megatron's ``parallel_state``
+        when ``megatron_groups`` (a model's layer), else none: one process holding the whole global batch (the
+        privacy audit, which must not pick up the groups of a parallel job it runs in)."""
         self.config = config
         self.sequence_parallel = sequence_parallel
         self.pg_collection = pg_collection
+        self.megatron_groups = megatron_groups
 
     def _group(self, name: str) -> Any:
         group = getattr(self.pg_collection, name, None) if self.pg_collection is not None else None
-        if group is not None:
+        if group is not None or not self.megatron_groups:
             return group
         from megatron.core import parallel_state
 

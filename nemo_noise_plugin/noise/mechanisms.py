@@ -14,9 +14,9 @@ import math
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.geometry import TokenGeometry
 from nemo_noise_plugin.noise.philox import STREAM_NOISE, STREAM_RADIUS
 from nemo_noise_plugin.noise.sampling import add_noise, unit_noise
-from nemo_noise_plugin.noise.selection import TokenGeometry
 
 
 def selected_tokens(config: NoiseConfig, geometry: TokenGeometry, input_ids: torch.Tensor | None) -> torch.Tensor:

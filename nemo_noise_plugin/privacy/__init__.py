@@ -6,18 +6,18 @@ per sequence (import it from ``nemo_noise_plugin.privacy.ledger``; ``NoiseConfig
 The math is pure Python (``math`` only, no SciPy).
 """
 
+from nemo_noise_plugin.noise.calibration import (
+    analytic_gaussian_sigma,
+    classical_gaussian_sigma,
+    gaussian_mechanism_delta,
+    gaussian_mechanism_epsilon,
+)
 from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
     compose_zcdp,
     gaussian_zcdp_rho,
     metric_dp_epsilon,
     zcdp_to_dp_epsilon,
-)
-from nemo_noise_plugin.privacy.calibration import (
-    analytic_gaussian_sigma,
-    classical_gaussian_sigma,
-    gaussian_mechanism_delta,
-    gaussian_mechanism_epsilon,
 )
 
 __all__ = [

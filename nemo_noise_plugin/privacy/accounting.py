@@ -14,7 +14,8 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
-from nemo_noise_plugin.privacy.calibration import _check_non_negative, _check_positive, _is_finite_number
+from nemo_noise_plugin.noise.calibration import check_non_negative, check_positive
+from nemo_noise_plugin.validation import is_finite_number
 
 ConversionMethod = Literal["optimal", "bun_steinke"]
 CONVERSION_METHODS: tuple[str, ...] = ("optimal", "bun_steinke")
@@ -26,8 +27,8 @@ _LOG_ORDER_RANGE = (-40.0, 60.0)
 
 def gaussian_zcdp_rho(sigma: float, sensitivity: float) -> float:
     """zCDP of one Gaussian release with noise ``sigma`` and L2 sensitivity ``D``: ``rho = D^2 / (2 sigma^2)``."""
-    _check_positive("gaussian_zcdp_rho", "sigma", sigma)
-    _check_non_negative("gaussian_zcdp_rho", "sensitivity", sensitivity)
+    check_positive("gaussian_zcdp_rho", "sigma", sigma)
+    check_non_negative("gaussian_zcdp_rho", "sensitivity", sensitivity)
     return sensitivity**2 / (2.0 * sigma**2)
 
 
@@ -43,8 +44,8 @@ def compose_pure_dp(epsilons: Iterable[float]) -> float:
 
 def metric_dp_epsilon(eta: float, clip_norm: float) -> float:
     """Pure epsilon of one metric-DP (d_chi) release on embeddings clipped to norm ``C``: ``eta * 2C``."""
-    _check_positive("metric_dp_epsilon", "eta", eta)
-    _check_positive("metric_dp_epsilon", "clip_norm", clip_norm)
+    check_positive("metric_dp_epsilon", "eta", eta)
+    check_positive("metric_dp_epsilon", "clip_norm", clip_norm)
     return eta * 2.0 * clip_norm
 
 
@@ -58,8 +59,8 @@ def zcdp_to_dp_epsilon(rho: float, delta: float, method: ConversionMethod = "opt
     """
     if method not in CONVERSION_METHODS:
         raise ValueError(f"zcdp_to_dp_epsilon: method={method!r} is invalid: expected one of optimal, bun_steinke.")
-    _check_non_negative("zcdp_to_dp_epsilon", "rho", rho)
-    if not _is_finite_number(delta) or not 0.0 < delta < 1.0:
+    check_non_negative("zcdp_to_dp_epsilon", "rho", rho)
+    if not is_finite_number(delta) or not 0.0 < delta < 1.0:
         raise ValueError(f"zcdp_to_dp_epsilon: delta={delta!r} is invalid: expected 0 < delta < 1.")
     if rho == 0.0:
         return 0.0
@@ -106,6 +107,6 @@ def _minimise(function) -> float:
 def _sum_non_negative(function: str, name: str, values: Iterable[float]) -> float:
     total = 0.0
     for value in values:
-        _check_non_negative(function, name, value)
+        check_non_negative(function, name, value)
         total += value
     return total

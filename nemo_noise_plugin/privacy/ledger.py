@@ -12,6 +12,7 @@ import math
 import textwrap
 from dataclasses import dataclass, replace
 
+from nemo_noise_plugin.noise.calibration import gaussian_mechanism_epsilon
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
@@ -20,7 +21,6 @@ from nemo_noise_plugin.privacy.accounting import (
     metric_dp_epsilon,
     zcdp_to_dp_epsilon,
 )
-from nemo_noise_plugin.privacy.calibration import gaussian_mechanism_epsilon
 
 
 @dataclass(frozen=True)

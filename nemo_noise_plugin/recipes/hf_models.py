@@ -11,7 +11,7 @@ HF config from the Hugging Face hub (or the local HF cache) when called.
 from __future__ import annotations
 
 from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
 
 BRIDGE_SFT_RECIPES = {

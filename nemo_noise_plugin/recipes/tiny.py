@@ -1,12 +1,12 @@
 """The tiny recipes: a small GPT (local layer spec, no Transformer Engine needed) for trying the plugin anywhere.
 
 Both build a Bridge ``ConfigContainer`` around the plugin's providers. The data is the corpus shipped in the
-package, written once as a Megatron indexed dataset of byte tokens (``corpus_dataset.py``, under
+package, written once as a Megatron indexed dataset of byte tokens (``nemo_noise_plugin.corpus``, under
 ``<dir>/<name>/data``) and read by Bridge's own GPT data pipeline with the null tokenizer (``data="mock"`` uses
 Bridge's mock data instead), so they need no download; every setting is a dataclass field that overrides reach.
 
     from megatron.bridge.training.pretrain import pretrain
-    from nemo_noise_plugin.forward_step import distillation_forward_step
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step
     from nemo_noise_plugin.recipes import tiny_noise_distillation_config
 
     pretrain(tiny_noise_distillation_config(train_iters=50), distillation_forward_step)
@@ -19,16 +19,30 @@ import os
 import torch
 
 from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.corpus_dataset import CORPUS_VOCAB_SIZE, build_corpus_dataset
-from nemo_noise_plugin.distillation.kd_config import KDConfig
+from nemo_noise_plugin.corpus import CORPUS_VOCAB_SIZE, build_corpus_dataset
+from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
 
 TINY_MODEL = dict(num_layers=4, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=4)
 """The tiny GPT: ~3.3M parameters plus the embedding."""
 
 
+CUDA_FREE_SETTINGS: dict = dict(
+    gradient_accumulation_fusion=False,
+    bias_activation_fusion=False,
+    bias_dropout_fusion=False,
+    masked_softmax_fusion=False,
+    persist_layer_norm=False,
+    apply_rope_fusion=False,
+    cross_entropy_loss_fusion=False,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+"""Transformer settings without CUDA-only fusions and without dropout (deterministic; runs on a CPU too)."""
+
+
 def local_spec_settings() -> dict:
-    """Provider settings for Megatron-Core's local layer spec: no Transformer Engine, no CUDA-only fusions, no dropout.
+    """Provider settings for Megatron-Core's local layer spec: no Transformer Engine, ``CUDA_FREE_SETTINGS``.
 
     What the tiny recipes, the benchmarks and the CPU tests use, so they run wherever megatron-core does.
     """
@@ -38,15 +52,7 @@ def local_spec_settings() -> dict:
     return dict(
         transformer_layer_spec=gpt_provider.local_layer_spec,
         attention_backend=AttnBackend.local,
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        cross_entropy_loss_fusion=False,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
+        **CUDA_FREE_SETTINGS,
     )
 
 
@@ -169,7 +175,7 @@ def tiny_noise_distillation_config(
     data: str = "corpus",
 ):
     """Noisy student + frozen clean copy of itself, CE + forward KL. Train with ``distillation_forward_step``."""
-    from nemo_noise_plugin.distillation.provider import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
 
     model = NoisyDistillationProvider(
         **_tiny_model_settings(seq_length), noise=noise or NoiseConfig(alpha=5.0), kd=kd or KDConfig()

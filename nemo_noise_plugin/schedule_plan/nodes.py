@@ -75,11 +75,13 @@ class NoisePreProcessNode(PreProcessNode):
         self.backward_func = backward_through_differentiable
 
     def forward_impl(self):
-        """Run the model's (noisy) ``_preprocess`` with the loss mask stored when the plan was built."""
-        noise_batch_inputs = getattr(self.model, "noise_batch_inputs", None)
-        if noise_batch_inputs is None:
+        """Run the model's (noisy) ``_preprocess`` with the batch inputs stored when the plan was built."""
+        inputs = getattr(self.chunk_state, "noise_inputs", None)
+        if inputs is None:  # a chunk without noise (see PluginSchedulePlanMixin.schedule_plan_noise_inputs)
             return super().forward_impl()
-        with noise_batch_inputs(getattr(self.chunk_state, "noise_loss_mask", None)):
+        with self.model.noise_batch_inputs(
+            inputs.loss_mask, padding_mask=inputs.padding_mask, packed_seq_params=inputs.packed_seq_params
+        ):
             return super().forward_impl()
 
 

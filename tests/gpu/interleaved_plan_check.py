@@ -18,8 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPOSITORY))  # tests.support: the test builders, importable from a checkout
 
 
 def main() -> int:
@@ -35,10 +40,10 @@ def main() -> int:
     from megatron.core.transformer.module import Float16Module
     from megatron.core.utils import unwrap_model
 
+    from nemo_noise_plugin.model import NoiseInjectionMixin
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.noisy_gpt import NoiseInjectionMixin
     from nemo_noise_plugin.recipes.tiny import local_spec_settings
-    from nemo_noise_plugin.testing.schedule_plan import (
+    from tests.support.schedule_plan import (
         bridge_state,
         build_provider,
         microbatches,

@@ -61,7 +61,7 @@ def test_tiny_recipe_trains_saves_resumes_with_the_same_noise_and_reports(tmp_pa
 
 def test_finetune_command_runs_distillation_through_bridge(tmp_path):
     result = _run(
-        "nemo_noise_plugin.finetune",
+        "nemo_noise_plugin.cli.finetune",
         "--factory",
         "tiny_noise_distillation",
         "train.train_iters=12",

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from nemo_noise_plugin.noise.selection import NoiseBatchInputs
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

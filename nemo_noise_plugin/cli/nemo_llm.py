@@ -1,0 +1,263 @@
+"""Entry point of the ``llm`` command group of NeMo-Run's ``nemo`` command line: ``nemo llm finetune``.
+
+Registered under the ``nemo_run.cli`` entry-point group (``pyproject.toml``). ``nemo`` imports every such module
+when it builds its groups, so importing this one stays cheap (no torch, Megatron-Bridge or Transformer Engine)::
+
+    nemo llm finetune --factory tiny_noise_distillation model.noise.alpha=10 model.kd.temperature=2 --dryrun
+    nemo llm finetune --factory tiny_noise_sft --config-file recipes/tiny_neftune.yaml train.train_iters=7
+    nemo llm finetune --factory tiny_noise_sft train.train_iters=7 --to-yaml run.yaml
+    torchrun --nproc-per-node 8 $(which nemo) llm finetune --factory tiny_noise_sft -y
+
+How it sits in NeMo-Run (0.11): ``finetune`` is a ``@run.cli.entrypoint`` with a ``RunContext`` subclass whose
+command has exactly the options that work here (``--factory/-f``, ``--config-file/-c``, ``--dryrun``,
+``--to-yaml PATH``, ``--yes/-y``, ``--verbose/-v``); the recipes in ``nemo_noise_plugin.recipes.RECIPES`` are
+``@run.cli.factory``
+factories of ``finetune`` (lazy: the recipe module is imported when the factory is called) and ``--factory`` resolves
+through NeMo-Run's registry, so other packages can add factories with ``run.cli.factory(target=finetune)``. The
+trailing ``key=value`` arguments do not go through NeMo-Run's parser (which edits ``run.Config`` objects, where
+``+=`` means "add to"): ``FinetuneRunContext`` hands them to Megatron-Bridge's Hydra override path. The function
+then runs in-process with no executor; NeMo-Run's confirmation (``Continue?``) is skipped with ``-y`` or under
+torchrun (``WORLD_SIZE`` > 1).
+
+With NeMo 2 installed (``nemo.collections.llm`` importable) this module does not shadow its ``llm finetune``: the
+plugin's command moves to ``nemo noise finetune``, and each recipe is also registered as a factory of NeMo 2's
+``llm.finetune`` that runs the plugin's command (``nemo llm finetune --factory tiny_noise_sft -y
+'overrides=["model.noise.alpha=10"]'``; there NeMo-Run's parser sets the arguments of that call).
+"""
+
+# No ``from __future__ import annotations`` and no ``X | None``: NeMo-Run's argument parser needs real types.
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, Optional
+
+import nemo_run as run
+import typer
+from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, _is_torchrun
+
+from nemo_noise_plugin.recipes import RECIPES, recipe_function
+from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune, unknown_factory
+from nemo_noise_plugin.training.launch import GPUUnavailableError
+
+__all__ = [
+    "FinetuneEntrypoint",
+    "FinetuneRunContext",
+    "finetune",
+    "nemo2_llm_finetune",
+    "register_recipe",
+    "registered_factories",
+]
+
+
+def finetune(
+    factory: str,
+    overrides: Optional[list[str]] = None,  # noqa: UP045
+    config_file: Optional[str] = None,  # noqa: UP045
+    dryrun: bool = False,
+    to_yaml: Optional[str] = None,  # noqa: UP045
+    confirm: Optional[Callable[[], bool]] = None,  # noqa: UP045
+) -> None:
+    """Noise fine-tuning / noisy-student distillation with a plugin recipe on Megatron-Bridge's training loop.
+
+    --factory picks the recipe; --config-file merges a YAML file of config fields into it (e.g. recipes/*.yaml);
+    trailing key=value, +key=value and ~key arguments are then Hydra overrides of its ConfigContainer
+    (Megatron-Bridge's override path). --dryrun prints what would run and --to-yaml PATH writes the
+    resolved config ('-': standard output); neither touches CUDA. Otherwise Bridge trains (pretrain, or finetune
+    when checkpoint.pretrained_checkpoint is set) with the plugin's forward step. Add -y to skip the confirmation.
+    """
+    run_finetune(
+        lambda: _resolve_factory(factory),
+        overrides or [],
+        factory=factory,
+        config_file=config_file,
+        dryrun=dryrun,
+        to_yaml=to_yaml,
+        confirm=confirm,
+    )
+
+
+def _factory_namespace() -> str:
+    from nemo_run.config import get_type_namespace
+
+    return get_type_namespace(finetune)
+
+
+def registered_factories() -> list[str]:
+    """The ``--factory`` names NeMo-Run knows for ``finetune`` (the plugin's recipes and any registered elsewhere)."""
+    import catalogue
+
+    return sorted(key[-1] for key in catalogue._get_all((_factory_namespace(),)))
+
+
+def _resolve_factory(name: str) -> Any:
+    """``--factory name`` resolved as NeMo-Run resolves it (registry, import path, ``name(arg=value)``), then called."""
+    from nemo_run.cli.cli_parser import parse_factory
+
+    try:
+        return parse_factory(finetune, "", finetune, name)
+    except ValueError as error:
+        if "No matching factory" in str(error):
+            raise unknown_factory(name, registered_factories()) from None
+        raise
+
+
+def _recipe_factory(name: str, path: str) -> Callable[..., Any]:
+    """A NeMo-Run factory calling the recipe at ``path`` (imported on call, so ``nemo`` starts without Bridge)."""
+
+    def factory(**kwargs: Any) -> Any:
+        return recipe_function(path)(**kwargs)
+
+    module, _, function = path.partition(":")
+    factory.__module__, factory.__name__, factory.__qualname__ = module, function, function
+    factory.__doc__ = f"Recipe {path} (a Megatron-Bridge ConfigContainer)."
+    return factory
+
+
+def register_recipe(name: str, path: str, target: Callable = finetune) -> None:
+    """Register the recipe at ``path`` (``module:function``) as ``--factory name`` of ``target``."""
+    run.cli.factory(_recipe_factory(name, path), target=target, name=name)
+
+
+class FinetuneRunContext(RunContext):
+    """NeMo-Run's run context for ``finetune``: in-process, overrides through Megatron-Bridge, no executor.
+
+    ``cli_command`` builds the command with only the options that work here (NeMo-Run's generic command also offers
+    ``--load``, ``--yaml``, ``--repl``, ... and gives ``-y`` to both ``--yaml`` and ``--yes``). ``cli_execute``
+    receives the remaining arguments (the overrides) and calls the entrypoint function itself instead of resolving
+    a ``run.Partial``.
+    """
+
+    config_file: Optional[str] = None  # noqa: UP045
+
+    @classmethod
+    def cli_command(
+        cls,
+        parent: typer.Typer,
+        name: str,
+        fn: Callable,
+        default_factory: Optional[Callable] = None,  # noqa: UP045
+        command_kwargs: Optional[dict[str, Any]] = None,  # noqa: UP045
+        **_: Any,
+    ) -> Callable:
+        """Register ``name`` on ``parent`` with the options of ``finetune``; the rest of the line are overrides."""
+
+        @parent.command(
+            name,
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+            **(command_kwargs or {}),
+        )
+        def command(
+            factory: Optional[str] = typer.Option(None, "--factory", "-f", help="Recipe name or module:function"),  # noqa: UP045
+            config_file: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--config-file", "-c", help="YAML file of config fields, merged before the overrides"
+            ),
+            dryrun: bool = typer.Option(False, "--dryrun", help="Print what would run; touch no GPU"),
+            to_yaml: Optional[str] = typer.Option(  # noqa: UP045
+                None, "--to-yaml", help="Write the resolved config as YAML ('-': standard output) and stop"
+            ),
+            skip_confirmation: bool = typer.Option(False, "--yes", "-y", help="Skip the confirmation"),
+            verbose: bool = typer.Option(False, "--verbose", "-v", help="Show full tracebacks"),
+            ctx: typer.Context = typer.Context,
+        ) -> None:
+            self = cls(
+                name=name,
+                factory=factory or default_factory,
+                dryrun=dryrun,
+                skip_confirmation=skip_confirmation,
+                to_yaml=to_yaml,
+            )
+            self.config_file = config_file
+            try:
+                self.cli_execute(fn, ctx.args)
+            except RunContextError as error:
+                if verbose:
+                    raise
+                typer.echo(f"Error: {error}", err=True)
+                raise typer.Exit(code=1) from None
+
+        return command
+
+    def cli_execute(self, fn: Callable, args: list[str], entrypoint_type: str = "task") -> None:
+        if not self.factory:
+            raise RunContextError(f"--factory is required; available: {', '.join(registered_factories())}.")
+        executor_args = [arg for arg in args if arg.split("=", 1)[0].split(".", 1)[0] in ("executor", "plugins")]
+        if executor_args:
+            raise RunContextError(
+                f"{executor_args[0]!r}: `{self.name}` runs in-process; launch it with torchrun for several GPUs."
+            )
+        try:
+            fn(
+                factory=self.factory,
+                overrides=list(args),
+                config_file=self.config_file,
+                dryrun=self.dryrun,
+                to_yaml=self.to_yaml,
+                confirm=self._confirm,
+            )
+        except (FinetuneError, GPUUnavailableError) as error:
+            raise RunContextError(str(error)) from error
+
+    def _confirm(self) -> bool:
+        """NeMo-Run's ``Continue?`` (skipped with ``-y`` or under torchrun); without a terminal, ask for ``-y``."""
+        if not (self.skip_confirmation or _is_torchrun() or sys.stdin.isatty()):
+            raise RunContextError(f"`{self.name}` asks for confirmation; pass -y (--yes) to run without a terminal.")
+        return self._should_continue(self.skip_confirmation)
+
+
+class FinetuneEntrypoint(Entrypoint):
+    """``finetune``'s help: its factories and the override syntax (no executors: the command runs in-process)."""
+
+    def help(self, console: Any = None, with_docs: bool = True) -> None:
+        from nemo_run.help import help_for_type
+        from rich.console import Console
+
+        console = console or Console()
+        help_for_type(self.fn, console, with_docs=with_docs, title="Factories, run with --factory")
+        console.print(
+            "Overrides (Megatron-Bridge's Hydra syntax): key=value sets a field (model.noise.alpha=10), "
+            "+key=value adds a key (+env_vars.NCCL_DEBUG=INFO), ~key deletes one."
+        )
+
+
+def _nemo2_llm_installed() -> bool:
+    """Whether NeMo 2's ``nemo.collections.llm`` package is on the path (found without importing anything)."""
+    spec = importlib.util.find_spec("nemo")
+    locations = (spec.submodule_search_locations or []) if spec is not None else []
+    return any(os.path.isfile(os.path.join(path, "collections", "llm", "__init__.py")) for path in locations)
+
+
+def nemo2_llm_finetune() -> Optional[Callable]:  # noqa: UP045
+    """NeMo 2's ``llm.finetune`` entrypoint when ``nemo.collections.llm`` is installed and imports, else None.
+
+    NeMo 2.x's ``llm`` needs megatron-core 0.16, so next to this plugin (megatron-core 0.19) it usually fails to
+    import; then ``nemo`` cannot load NeMo's ``llm`` group either, and the plugin's ``llm finetune`` shadows nothing.
+    """
+    if not _nemo2_llm_installed():
+        return None
+    try:
+        from nemo.collections.llm import finetune as nemo2_finetune
+    except Exception:  # installed but unusable in this environment
+        return None
+    return nemo2_finetune
+
+
+def _nemo2_factory(name: str) -> Callable[[], Any]:
+    def factory() -> Any:
+        return run.Partial(finetune, factory=name)
+
+    factory.__name__ = factory.__qualname__ = name
+    factory.__doc__ = f"The plugin's recipe {RECIPES[name].path}, run by nemo_noise_plugin.cli.nemo_llm.finetune."
+    return factory
+
+
+_NEMO2_FINETUNE = nemo2_llm_finetune()
+run.cli.entrypoint(
+    namespace="noise" if _NEMO2_FINETUNE is not None else "llm",
+    run_ctx_cls=FinetuneRunContext,
+    entrypoint_cls=FinetuneEntrypoint,
+)(finetune)
+for _name, _recipe in RECIPES.items():
+    register_recipe(_name, _recipe.path)
+    if _NEMO2_FINETUNE is not None:
+        run.cli.factory(_nemo2_factory(_name), target=_NEMO2_FINETUNE, name=_name)

@@ -1,0 +1,97 @@
+"""The ``noise`` command group of NeMo-Run's ``nemo`` command line: the plugin's own tools.
+
+Registered under the ``nemo_run.cli`` entry-point group in ``pyproject.toml``; ``nemo`` imports this module to
+build the group, so importing it must stay cheap and must not need Transformer Engine, a GPU or Megatron-Bridge.
+``nemo noise ledger`` prints the privacy ledger of a noise config. ``nemo llm finetune`` lives in
+``cli.nemo_llm`` (the ``llm`` entry point; it moves to ``nemo noise finetune`` where NeMo 2's own ``llm`` group is
+installed).
+"""
+
+# No ``from __future__ import annotations`` and no ``X | None``: NeMo-Run's argument parser (0.11) needs real
+# types and rejects ``types.UnionType`` ("Unsupported type: float | None"), so the optional arguments use Optional.
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import nemo_run as run
+from nemo_run.cli.api import Entrypoint
+
+LEDGER_SETTINGS: dict[str, type] = {
+    "config": str,
+    "sequence_length": int,
+    "epochs": int,
+    "delta": float,
+    "hidden_size": int,
+}
+"""The ledger's own ``key=value`` arguments; every other key is a ``NoiseConfig`` field override."""
+
+
+class KeyValueEntrypoint(Entrypoint):
+    """A ``noise`` tool run in-process with its trailing ``key=value`` arguments as one list (``arguments``).
+
+    NeMo-Run's own parser maps each ``key=value`` to a parameter of the function; the tools here also take the
+    fields of a ``NoiseConfig`` as keys, so they parse the list themselves (``parse_key_values``).
+    """
+
+    def _execute_simple(self, args: list[str], console: Any) -> None:
+        self.fn(arguments=list(args))
+
+
+def parse_key_values(arguments: Sequence[str]) -> dict[str, Any]:
+    """``["epochs=3", "clip_norm=null"]`` -> ``{"epochs": 3, "clip_norm": None}`` (values read as YAML)."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    for argument in arguments:
+        key, separator, value = argument.partition("=")
+        if not separator or not key:
+            raise ValueError(f"argument {argument!r} is invalid: expected key=value, e.g. sequence_length=512.")
+        values[key] = yaml.safe_load(value)
+    return values
+
+
+def run_ledger(arguments: Sequence[str]) -> str:
+    """The ledger table for ``config=NAME_OR_PATH sequence_length=L [epochs=E] [delta=D] [hidden_size=d]
+    [<NoiseConfig field>=<value> ...]``; raises ``ValueError`` naming a bad or missing argument."""
+    from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+    from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
+
+    values = parse_key_values(arguments)
+    fields = [field.name for field in dataclasses.fields(NoiseConfig)]
+    unknown = sorted(key for key in values if key not in LEDGER_SETTINGS and key not in fields)
+    if unknown:
+        raise ValueError(
+            f"unknown argument(s) {', '.join(unknown)}: expected {', '.join(LEDGER_SETTINGS)} or a NoiseConfig field "
+            f"({', '.join(fields)})."
+        )
+    missing = [key for key in ("config", "sequence_length") if key not in values]
+    if missing:
+        raise ValueError(
+            f"missing argument(s) {', '.join(missing)}: e.g. config=dp_gaussian_mechanism sequence_length=512."
+        )
+    overrides = {key: value for key, value in values.items() if key not in LEDGER_SETTINGS}
+    config = load_noise_config(str(values["config"]), **overrides)
+    ledger = privacy_ledger(
+        config,
+        sequence_length=values["sequence_length"],
+        epochs=values.get("epochs", 1),
+        delta=values.get("delta"),
+        hidden_size=values.get("hidden_size"),
+    )
+    return format_ledger(ledger)
+
+
+@run.cli.entrypoint(namespace="noise", enable_executor=False, entrypoint_cls=KeyValueEntrypoint)
+def ledger(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
+    """Print the privacy ledger of a noise config: per-token and per-sequence guarantees and their assumptions.
+
+    Runs in-process; every argument is key=value::
+
+        nemo noise ledger config=dp_gaussian_mechanism sequence_length=512 epochs=3
+        nemo noise ledger config=my_noise.yaml sequence_length=512 epsilon=4 clip_norm=2
+
+    Arguments: config (a preset name, see nemo_noise_plugin.presets, or a YAML file), sequence_length (tokens per
+    sequence, L), epochs (passes over each sequence, E; default 1), delta (per-sequence delta; default the
+    config's), hidden_size (d, for the expected noise norm); any other key overrides that NoiseConfig field.
+    """
+    print(run_ledger(arguments or []))

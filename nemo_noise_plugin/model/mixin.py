@@ -1,0 +1,165 @@
+"""The noise hook: a mixin that adds embedding noise to a Megatron-Core language model's decoder input.
+
+Noise goes in ``_preprocess``, the one method that both ``GPTModel.forward`` and the fine-grained schedule plan's
+``PreProcessNode`` call to produce the decoder input, already in its final ``[s/(cp*tp if SP), b, h]`` layout. It is
+therefore applied exactly once per forward, never to multi-token-prediction embeddings (which call the embedding
+directly), never to a caller-supplied ``decoder_input`` and never on stages without ``pre_process``.
+The noise layer holds no parameters or buffers: a noisy model's state dict has exactly a plain model's keys.
+
+Megatron calls ``_preprocess`` with the token ids, positions, padding mask and packed-sequence parameters, but not
+with the loss mask that ``true_length`` scaling and prompt/response selection need. ``noise_batch_inputs`` is the
+one way to hand batch inputs to the noise layer: the model's ``forward(loss_mask=...)``, the Bridge forward steps,
+the schedule plan and direct callers all use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from megatron.core.utils import WrappedTensor
+
+from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
+from nemo_noise_plugin.noise.schedule import NoiseClock
+from nemo_noise_plugin.schedule_plan.plan_mixin import PluginSchedulePlanMixin
+
+__all__ = ["NoiseInjectionMixin"]
+
+
+def _first_given(value: Any, fallback: Any) -> Any:
+    return value if value is not None else fallback
+
+
+class NoiseInjectionMixin(PluginSchedulePlanMixin):
+    """Adds ``EmbeddingNoise`` to a Megatron-Core language model through its ``_preprocess`` method.
+
+    Mix in before the model class (``class Noisy(NoiseInjectionMixin, GPTModel)``) and call ``init_noise`` after
+    the model is built. ``noise_clock`` says which (iteration, microbatch) the next noised forward belongs to; a
+    training loop that knows its iteration calls ``noise_clock.start_iteration(iteration)`` at each step.
+    """
+
+    NOISE_ATTRIBUTES: tuple[str, ...] = ("noise_config", "noise_layer", "noise_clock", "_noise_inputs")
+    """Instance attributes ``init_noise`` sets (``make_plain`` removes them)."""
+
+    noise_config: NoiseConfig
+    noise_layer: EmbeddingNoise
+    noise_clock: NoiseClock
+
+    def init_noise(self, noise_config: NoiseConfig) -> None:
+        """Attach the noise layer and a fresh clock configured by ``noise_config`` (replacing any earlier one)."""
+        if not isinstance(noise_config, NoiseConfig):
+            raise TypeError(f"noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
+        self.noise_config = noise_config
+        self.noise_layer = EmbeddingNoise(
+            noise_config,
+            sequence_parallel=bool(self.config.sequence_parallel),
+            pg_collection=getattr(self, "pg_collection", None),
+        )
+        self.noise_clock = NoiseClock()
+        self._noise_inputs = NoiseBatchInputs()
+
+    @property
+    def noise_step(self) -> int:
+        """The training iteration the next noised forward belongs to (the noise clock's iteration)."""
+        return self.noise_clock.iteration
+
+    def noise_state_dict(self) -> dict[str, Any]:
+        """The noise clock, for a checkpoint's common state (the schedule is a function of its iteration)."""
+        return self.noise_clock.state_dict()
+
+    def load_noise_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the noise clock saved by ``noise_state_dict``."""
+        self.noise_clock.load_state_dict(state)
+
+    @property
+    def noise_active(self) -> bool:
+        """Whether the next forward adds noise (enabled, non-zero, and training unless ``training_only=False``)."""
+        config = self.noise_config
+        return config.is_active_configuration and (self.training or not config.training_only)
+
+    @contextlib.contextmanager
+    def noise_batch_inputs(
+        self,
+        loss_mask: torch.Tensor | None = None,
+        *,
+        padding_mask: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> Iterator[NoiseBatchInputs]:
+        """Hand batch inputs to the noise layer for the forwards inside the block; yields them.
+
+        Inputs given here replace an enclosing block's; the others are inherited. Megatron's own ``padding_mask`` and
+        ``packed_seq_params`` arguments of ``_preprocess`` take precedence over handed-over ones. The yielded
+        ``NoiseBatchInputs`` may be filled in inside the block, before the forward (the Bridge forward steps set the
+        loss mask once Bridge has fetched the batch). The enclosing inputs are restored on exit.
+        """
+        enclosing = self._noise_inputs
+        inputs = NoiseBatchInputs(
+            loss_mask=_first_given(loss_mask, enclosing.loss_mask),
+            padding_mask=_first_given(padding_mask, enclosing.padding_mask),
+            packed_seq_params=_first_given(packed_seq_params, enclosing.packed_seq_params),
+        )
+        self._noise_inputs = inputs
+        try:
+            yield inputs
+        finally:
+            self._noise_inputs = enclosing
+
+    def schedule_plan_noise_inputs(
+        self, loss_mask: torch.Tensor | None, padding_mask: torch.Tensor | None
+    ) -> NoiseBatchInputs:
+        """The handed-over batch inputs (with the plan's own masks first), for the plan's pre-process node."""
+        handed = self._noise_inputs
+        return dataclasses.replace(
+            handed,
+            loss_mask=_first_given(loss_mask, handed.loss_mask),
+            padding_mask=_first_given(padding_mask, handed.padding_mask),
+        )
+
+    def forward(self, *args: Any, loss_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        """The base model's forward; the noise layer sees ``loss_mask``, or an enclosing ``noise_batch_inputs``'s."""
+        with self.noise_batch_inputs(loss_mask):
+            return super().forward(*args, loss_mask=loss_mask, **kwargs)
+
+    def _preprocess(self, input_ids: torch.Tensor, position_ids: torch.Tensor, decoder_input=None, **kwargs):
+        """The base ``_preprocess``, with noise added to the embedding output it returns."""
+        caller_supplied_input = decoder_input is not None
+        output = super()._preprocess(
+            input_ids=input_ids, position_ids=position_ids, decoder_input=decoder_input, **kwargs
+        )
+        if caller_supplied_input or not self.pre_process or not self.noise_active:
+            return output
+        embedded = output[0]
+        wrapped = isinstance(embedded, WrappedTensor)
+        if wrapped:
+            embedded = embedded.unwrap()
+        noised = self.noise_decoder_input(
+            embedded, input_ids, kwargs.get("padding_mask"), kwargs.get("packed_seq_params")
+        )
+        return (WrappedTensor(noised) if wrapped else noised, *output[1:])
+
+    def noise_decoder_input(
+        self,
+        embedded: torch.Tensor,
+        input_ids: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+        packed_seq_params: Any,
+    ) -> torch.Tensor:
+        """The noise layer on the first stage's embedding output ``[s, b, h]``; advances the clock in training.
+
+        For model classes whose decoder input is not produced by a base ``_preprocess`` (``NoisyHybridModel``).
+        """
+        handed = self._noise_inputs
+        batch = NoiseBatchInputs(
+            loss_mask=handed.loss_mask,
+            padding_mask=_first_given(padding_mask, handed.padding_mask),
+            input_ids=input_ids,
+            packed_seq_params=_first_given(packed_seq_params, handed.packed_seq_params),
+        )
+        noised = self.noise_layer(embedded, batch, self.noise_clock)
+        if self.training:
+            self.noise_clock.advance()
+        return noised

@@ -1,0 +1,68 @@
+"""Named presets of the plugin's configs, shipped as package data: ``noise/*.yaml`` and ``kd/*.yaml``.
+
+``load_noise_config("neftune_alpha5")`` and ``load_kd_config("forward_kl_t2")`` read them by name; both also take a
+path to a YAML file of the config's fields. ``available_presets("noise")`` lists the names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PRESET_KINDS", "available_presets", "load_config_yaml_fields", "preset_path"]
+
+PRESET_KINDS: tuple[str, ...] = ("noise", "kd")
+
+
+def _preset_folder(kind: str) -> Any:
+    if kind not in PRESET_KINDS:
+        raise ValueError(f"preset kind {kind!r} is invalid: expected one of {', '.join(PRESET_KINDS)}.")
+    return resources.files(__name__).joinpath(kind)
+
+
+def available_presets(kind: str) -> list[str]:
+    """The preset names of ``kind`` (``noise`` or ``kd``), sorted."""
+    return sorted(
+        entry.name[: -len(".yaml")] for entry in _preset_folder(kind).iterdir() if entry.name.endswith(".yaml")
+    )
+
+
+def preset_path(kind: str, name_or_path: str | os.PathLike[str]) -> Path:
+    """The YAML file for a preset name of ``kind``, or ``name_or_path`` itself when it names a file.
+
+    A bare name (no ``/``, no ``.yaml``) is a preset; anything else is a path. Raises ``FileNotFoundError`` naming
+    the available presets when neither exists.
+    """
+    text = os.fspath(name_or_path)
+    is_name = "/" not in text and os.sep not in text and not text.endswith((".yaml", ".yml"))
+    if is_name:
+        candidate = _preset_folder(kind).joinpath(f"{text}.yaml")
+        if candidate.is_file():
+            return Path(str(candidate))
+        raise FileNotFoundError(
+            f"no {kind} preset named {text!r}; available: {', '.join(available_presets(kind))} "
+            "(or give the path of a YAML file)."
+        )
+    return Path(text)
+
+
+def load_config_yaml_fields[ConfigType](config_type: type[ConfigType], path: Path, **overrides: Any) -> ConfigType:
+    """``config_type(**fields)`` from a YAML mapping of its fields at ``path``, then ``overrides``, validated."""
+    import yaml
+
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML: {error}".replace("\n", " ")) from error
+    name = config_type.__name__
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a mapping of {name} fields, got {type(values).__name__}.")
+    allowed = [field.name for field in dataclasses.fields(config_type)]
+    unknown = sorted(map(str, set(values) - set(allowed)))
+    if unknown:
+        raise ValueError(f"{path}: unknown {name} field(s) {', '.join(unknown)}; allowed: {', '.join(allowed)}.")
+    values.update(overrides)
+    return config_type(**values)

@@ -1,0 +1,124 @@
+"""A single-process training loop on the CPU for recipes whose model fits one (the tiny recipes).
+
+Bridge's training loop needs CUDA. Without a GPU, this loop drives the recipe's own pieces: its provider and model,
+its datasets through Bridge's GPT data pipeline, the plugin's Bridge forward step and loss, and Bridge callbacks
+(fired with Bridge's ``CallbackContext`` at the same events, so the progress line and the robustness report are the
+same objects as on a GPU). It says what differs: float32 instead of bf16, torch's AdamW instead of Megatron's
+optimizer, and Megatron's CUDA-only pieces replaced by the substitutes in ``nemo_noise_plugin.cpu`` (listed at
+start).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from nemo_noise_plugin.batches import collate, recipe_datasets
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.cpu import CPU_SUBSTITUTES, causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
+from nemo_noise_plugin.noise.config import NoiseConfig
+
+__all__ = ["CPU_LOOP_NOTICE", "run_cpu_loop"]
+
+CPU_LOOP_NOTICE = (
+    "CPU loop (Bridge's training loop needs CUDA): the recipe's provider, model, data pipeline, forward step\n"
+    "and loss, driven by a single-process loop; float32 instead of bf16, torch AdamW instead of Megatron's\n"
+    "optimizer. CPU substitutes in use:"
+)
+
+
+def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] = ()) -> None:
+    """Train ``config`` (a ``ConfigContainer`` whose model fits one CPU process) with ``forward_step``.
+
+    Steps, learning rate, weight decay and seed are the config's (``train.train_iters``, ``optimizer``, ``rng.seed``);
+    ``callbacks`` (Bridge ``Callback`` objects) see ``on_train_start``, ``on_train_step_start``/``_end`` (with the
+    step's ``loss_dict``) and ``on_train_end``.
+    """
+    print(CPU_LOOP_NOTICE)
+    for name, role in CPU_SUBSTITUTES.items():
+        print(f"  - {name}: {role}")
+    init_cpu_parallel(seed=config.rng.seed)
+    try:
+        _train(config, forward_step, callbacks)
+    finally:
+        from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+
+        destroy_num_microbatches_calculator()
+        destroy_cpu_parallel()
+
+
+def _build_model(config: Any) -> torch.nn.Module:
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    provider = config.model
+    provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
+    config.dataset.skip_getting_attention_mask_from_dataset = False  # the CPU needs an explicit causal mask
+    tokenizer = import_bridge("megatron.bridge.training.tokenizers.tokenizer").build_tokenizer(config.tokenizer)
+    config.dataset.tokenizer = tokenizer
+    config.dataset.finalize()
+    provider.finalize()
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    torch.manual_seed(config.rng.seed)
+    return provider.provide_distributed_model(
+        use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=None
+    )[0]
+
+
+def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any]) -> None:
+    from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+
+    bridge_callbacks = import_bridge("megatron.bridge.training.callbacks")
+    train = config.train
+    micro_batches = train.global_batch_size // train.micro_batch_size
+    init_num_microbatches_calculator(0, None, train.global_batch_size, train.micro_batch_size, 1)
+    model = _build_model(config)
+    train_set, _ = recipe_datasets(config, train.train_iters * train.global_batch_size, 0)
+    state = import_bridge("megatron.bridge.training.state").GlobalState()
+    state.cfg = config
+    manager = bridge_callbacks.CallbackManager()
+    manager.add(list(callbacks))
+
+    def fire(event: str, **extra: Any) -> None:
+        manager.fire(
+            event, bridge_callbacks.CallbackContext(state=state, model=[model], user_state=manager.user_state, **extra)
+        )
+
+    mask = causal_attention_mask(config.model.seq_length)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=config.optimizer.lr,
+        weight_decay=config.optimizer.weight_decay,
+    )
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters ({type(model).__name__});")
+    print(f"noise: {_non_default(config.model.noise)}; {micro_batches} microbatches of {train.micro_batch_size}")
+    fire("on_train_start")
+    model.train()
+    for step in range(train.train_iters):
+        state.train_state.step = step
+        fire("on_train_step_start")
+        optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, torch.Tensor] = {}
+        start = step * train.global_batch_size
+        for batch in collate(train_set, micro_batches, train.micro_batch_size, mask, "cpu", start):
+            output, loss_function = forward_step(state, iter([batch]), model)
+            loss_sum, num_tokens, report = loss_function(output)
+            (loss_sum / num_tokens / micro_batches).backward()
+            for key, value in report.items():
+                totals[key] = totals.get(key, 0) + value.detach()
+        optimizer.step()
+        fire("on_train_step_end", loss_dict={key: value[0] / value[1] for key, value in totals.items()})
+    state.train_state.step = train.train_iters
+    fire("on_train_end")
+
+
+def _non_default(config: NoiseConfig) -> str:
+    defaults = type(config)()
+    changed = {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != getattr(defaults, f.name)
+    }
+    return f"{type(config).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"

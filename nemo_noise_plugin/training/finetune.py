@@ -1,0 +1,204 @@
+"""The finetune flow: a recipe plus a YAML file and Hydra overrides, then a dry run, a YAML export or training.
+
+One function (``run_finetune``) behind both command lines: ``nemo llm finetune`` (NeMo-Run, ``cli.nemo_llm``) and
+``python -m nemo_noise_plugin.cli.finetune``, for users who launch with torchrun.
+
+``recipe`` is a name from ``recipes.RECIPES`` or the import path of any function returning a Bridge
+``ConfigContainer`` (``my_pkg.recipes:my_config``). ``config_file`` (a YAML file, e.g. one of the repository's
+``recipes/*.yaml`` or a ``--to-yaml`` export) is merged first, then the ``key=value`` / ``+key=value`` / ``~key``
+overrides, both through Megatron-Bridge's override path with the plugin's NoiseConfig/KDConfig re-validated
+(``training.overrides.apply_overrides``). ``to_yaml`` writes the resolved config with Bridge's
+``ConfigContainer.to_yaml`` (``-``: standard output) and launches nothing, like ``dryrun``; neither touches CUDA.
+Otherwise the run goes to ``training.launch`` with a progress line per step; recipes on the embedded corpus run as
+the main job does: Bridge's loop on a GPU, the CPU loop without one, and a robustness report in the run directory.
+
+Importing this module is cheap (no torch, no Bridge): ``nemo`` imports it when it builds its command groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nemo_noise_plugin.recipes import RECIPES, recipe_function
+
+__all__ = ["FinetuneError", "UnknownFactoryError", "describe", "load_recipe", "run_finetune", "unknown_factory"]
+
+
+class FinetuneError(Exception):
+    """A user error of the finetune command (unknown factory, bad override, bad option); the message says which."""
+
+
+class UnknownFactoryError(FinetuneError, LookupError):
+    """``--factory`` names neither a registered recipe nor an importable function."""
+
+
+def load_recipe(name: str, available: Sequence[str] | None = None) -> Callable[[], Any]:
+    """The recipe function for ``--factory name``: a ``RECIPES`` name, else an import path to a function.
+
+    Raises ``UnknownFactoryError`` listing ``available`` (default: the ``RECIPES`` names) when neither resolves.
+    """
+    if name in RECIPES:
+        return recipe_function(RECIPES[name].path)
+    if "." in name or ":" in name:
+        try:
+            recipe = recipe_function(name)
+        except (ImportError, AttributeError, ValueError) as error:
+            raise UnknownFactoryError(f"--factory {name!r} cannot be imported: {error}") from error
+        if not callable(recipe):
+            raise UnknownFactoryError(f"--factory {name!r} is not a function returning a ConfigContainer.")
+        return recipe
+    raise unknown_factory(name, RECIPES if available is None else available)
+
+
+def unknown_factory(name: str, available: Sequence[str]) -> UnknownFactoryError:
+    """The error for an unknown ``--factory``, listing the registered names."""
+    return UnknownFactoryError(
+        f"Unknown factory {name!r}. Available factories: {', '.join(sorted(available))} "
+        "(or the import path of a function returning a ConfigContainer, e.g. my_pkg.recipes:my_config)."
+    )
+
+
+def build_config(recipe: Callable[[], Any], factory: str) -> Any:
+    """Call the recipe and check that it returned a Megatron-Bridge ``ConfigContainer``."""
+    from nemo_noise_plugin.bridge_imports import import_bridge
+
+    config = recipe()
+    container = import_bridge("megatron.bridge.training.config").ConfigContainer
+    if not isinstance(config, container):
+        raise FinetuneError(f"--factory {factory!r} returned {type(config).__name__}, not a Bridge ConfigContainer.")
+    return config
+
+
+def apply_overrides(config: Any, overrides: Sequence[str], config_file: str | None = None) -> Any:
+    """``training.overrides.apply_overrides`` (YAML file, then Bridge's Hydra path, plugin settings re-validated),
+    raising ``FinetuneError``."""
+    from nemo_noise_plugin.training.overrides import ConfigOverrideError, apply_overrides
+
+    for override in overrides:
+        if override.startswith("-"):
+            raise FinetuneError(f"unknown option {override!r}; overrides look like key=value, +key=value or ~key.")
+    try:
+        return apply_overrides(config, list(overrides), config_filepath=config_file)
+    except ConfigOverrideError as error:
+        raise FinetuneError(f"invalid {'--config-file or ' if config_file else ''}override: {error}") from error
+
+
+def _qualname(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+def describe(config: Any, factory: str, overrides: Sequence[str], config_file: str | None = None) -> str:
+    """A few lines saying what a run of ``config`` would do: model, forward step, entry, sizes, noise and KD."""
+    from nemo_noise_plugin.training.launch import forward_step_for, training_entry_for
+
+    model, train = config.model, config.train
+    parallel = ", ".join(
+        f"{label}={getattr(model, field, 1)}"
+        for label, field in (
+            ("TP", "tensor_model_parallel_size"),
+            ("PP", "pipeline_model_parallel_size"),
+            ("CP", "context_parallel_size"),
+            ("EP", "expert_model_parallel_size"),
+        )
+    )
+    lines = [
+        f"  factory       {factory}",
+        f"  config file   {config_file or '(none)'}",
+        f"  overrides     {' '.join(overrides) if overrides else '(none)'}",
+        f"  model         {_qualname(type(model))}: {model.num_layers} layers, hidden {model.hidden_size}, {parallel}",
+        f"  forward step  {_qualname(forward_step_for(config))}",
+        f"  entry         {_qualname(training_entry_for(config))}",
+        f"  train         {train.train_iters} iterations, global batch {train.global_batch_size}, "
+        f"micro batch {train.micro_batch_size}, seq length {model.seq_length}",
+        f"  checkpoints   save={config.checkpoint.save} load={config.checkpoint.load} "
+        f"pretrained={config.checkpoint.pretrained_checkpoint}",
+    ]
+    for name in ("noise", "kd"):
+        if getattr(model, name, None) is not None:
+            lines.append(f"  {name:<13} {getattr(model, name)!r}")
+    return "\n".join(lines)
+
+
+def _export_yaml(config: Any, to_yaml: str, print_fn: Callable[[str], None]) -> None:
+    if to_yaml == "-":
+        config.print_yaml()
+    else:
+        config.to_yaml(to_yaml)
+        print_fn(f"Resolved config written to {to_yaml}")
+
+
+def _is_rank_zero() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def run_finetune(
+    recipe: str | Callable[[], Any],
+    overrides: Sequence[str] = (),
+    *,
+    factory: str | None = None,
+    config_file: str | None = None,
+    dryrun: bool = False,
+    to_yaml: str | None = None,
+    confirm: Callable[[], bool] | None = None,
+    print_fn: Callable[[str], None] = print,
+) -> Any:
+    """Resolve ``recipe`` + ``overrides``; then export YAML / describe (dry run) or launch Bridge's training.
+
+    Args:
+        recipe: a ``--factory`` name or import path (``load_recipe``), or a function returning a ConfigContainer.
+        overrides: Hydra-style overrides for Bridge's override path.
+        factory: the name to report (default: ``recipe`` when it is a string).
+        config_file: a YAML file of config fields merged before ``overrides`` (e.g. ``recipes/*.yaml``).
+        dryrun: print what would run and stop.
+        to_yaml: write the resolved config to this path (``-``: standard output) and stop.
+        confirm: asked after the description, before a real run; False stops (NeMo-Run's ``Continue?``).
+        print_fn: where the description goes (rank 0 only under torchrun).
+
+    Returns the resolved ConfigContainer. A real run checks for a GPU before it builds anything.
+    """
+    factory = factory or (recipe if isinstance(recipe, str) else getattr(recipe, "__name__", "recipe"))
+    if to_yaml is not None and "=" in to_yaml and not to_yaml.endswith((".yaml", ".yml")):
+        raise FinetuneError(
+            f"--to-yaml takes a file path ('-' for standard output), got {to_yaml!r}, which looks like an override."
+        )
+    embedded_corpus = factory in RECIPES and RECIPES[factory].embedded_corpus
+    if not dryrun and to_yaml is None and not embedded_corpus:
+        from nemo_noise_plugin.training import launch as launching
+
+        launching.require_gpu()
+    # With --to-yaml -, standard output carries only the YAML: Megatron's root log handler (INFO, bound to
+    # sys.stdout when megatron.training is first imported) and the dry-run description go to stderr.
+    with contextlib.redirect_stdout(sys.stderr) if to_yaml == "-" else contextlib.nullcontext():
+        if isinstance(recipe, str):
+            recipe = load_recipe(recipe)
+        config = apply_overrides(build_config(recipe, factory), overrides, config_file)
+        if dryrun:
+            print_fn(f"Dry run (nothing launched):\n{describe(config, factory, overrides, config_file)}")
+    if to_yaml is not None:
+        _export_yaml(config, to_yaml, print_fn)
+    if dryrun or to_yaml is not None:
+        return config
+    if _is_rank_zero():
+        print_fn(f"Launching:\n{describe(config, factory, overrides, config_file)}")
+    if confirm is not None and not confirm():
+        print_fn("Exiting without training.")
+        return config
+    from nemo_noise_plugin.training.launch import launch, launch_with_report
+    from nemo_noise_plugin.training.progress import ProgressLine
+
+    if embedded_corpus:  # the main job's run: Bridge's loop on a GPU, else the CPU loop; the robustness report
+        launch_with_report(config, output_dir=_report_dir(config), label=f"factory {factory}")
+    else:
+        launch(config, callbacks=[ProgressLine()])
+    return config
+
+
+def _report_dir(config: Any) -> str:
+    """Where a tiny recipe's robustness report goes: its run directory (the parent of its checkpoints)."""
+    if config.checkpoint.save:
+        return os.path.dirname(os.path.abspath(config.checkpoint.save))
+    return os.path.abspath("outputs")

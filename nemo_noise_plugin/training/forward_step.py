@@ -1,0 +1,273 @@
+"""Megatron-Bridge forward steps: noisy fine-tuning, and noisy-student / clean-teacher distillation.
+
+Both wrap Bridge's own GPT step (``megatron.bridge.training.gpt_step``: batch fetch, CP slicing, packed sequences,
+timers) and add what the plugin needs around it:
+
+- the noise clock follows Bridge's ``train_state.step`` (restored on resume), so the noise of an iteration does
+  not depend on restarts;
+- the noise layer sees the batch's loss mask, which Bridge fetches only on the last pipeline stage and does not pass
+  to the model, so ``true_length`` scaling and prompt/response selection work on the first stage too;
+- ``distillation_forward_step`` runs the clean teacher under ``no_grad`` on the same batch, once per microbatch,
+  outside the student's autograd graph, and returns the combined CE + KD loss with its parts for logging. The
+  teacher's logits live only in the loss function's closure, freed when the schedule drops it after the loss.
+  Under the fine-grained schedule plan (``return_schedule_plan=True``) the loss is computed inside the plan's
+  post-process node instead (``nemo_noise_plugin.distillation.plan_loss``), where its gradient can leave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from functools import partial
+from typing import Any
+
+import torch
+from megatron.core.utils import unwrap_model
+
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.model.mixin import NoiseInjectionMixin
+from nemo_noise_plugin.noise.layer import NoiseBatchInputs
+
+__all__ = ["distillation_forward_step", "noise_forward_step", "sync_noise_clock"]
+
+
+def sync_noise_clock(model: torch.nn.Module, iteration: int) -> None:
+    """Point a noisy chunk's clock at ``iteration`` unless it is already there (keeps the microbatch count)."""
+    inner = unwrap_model(model)
+    if isinstance(inner, NoiseInjectionMixin) and inner.training and inner.noise_clock.iteration != iteration:
+        inner.noise_clock.start_iteration(iteration)
+
+
+class _CapturingBatch:
+    """Bridge's ``get_batch`` that also keeps the batch for the plugin (loss mask on every stage, labels).
+
+    Use as a context manager around the step's forward: for a noisy chunk it opens the model's
+    ``noise_batch_inputs`` block and fills in the loss mask once Bridge has fetched the batch.
+    """
+
+    def __init__(self, model: torch.nn.Module, strip_labels: bool) -> None:
+        inner = unwrap_model(model)
+        self.noisy = inner if isinstance(inner, NoiseInjectionMixin) else None
+        self.strip_labels = strip_labels
+        self.tokens = self.labels = self.loss_mask = self.attention_mask = self.position_ids = None
+        self.packed_seq_metadata: dict[str, Any] | None = None
+        self.noise_inputs: NoiseBatchInputs | None = None
+        self._block: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> _CapturingBatch:
+        self._block = contextlib.ExitStack()
+        if self.noisy is not None:
+            self.noise_inputs = self._block.enter_context(self.noisy.noise_batch_inputs())
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._block.close()
+
+    def __call__(self, data_iterator: Iterable, cfg: Any, use_mtp: bool = False, *, pg_collection, vp_stage=None):
+        gpt_step = import_bridge("megatron.bridge.training.gpt_step")
+        recorder = _RecordingIterator(data_iterator)
+        batch = gpt_step.get_batch(recorder, cfg, use_mtp, pg_collection=pg_collection, vp_stage=vp_stage)
+        self.tokens, self.labels, self.loss_mask, self.attention_mask, self.position_ids, self.packed_seq_metadata = (
+            batch
+        )
+        if self.noise_inputs is not None:  # read by the noisy forward that follows
+            loss_mask = self.loss_mask
+            if loss_mask is None and recorder.raw is not None and recorder.raw.get("loss_mask") is not None:
+                loss_mask = _loss_mask_on_this_cp_rank(recorder.raw, pg_collection)
+            self.noise_inputs.loss_mask = loss_mask
+        if self.strip_labels:  # the model then returns logits, which the distillation loss needs
+            return (self.tokens, None, *batch[2:])
+        return batch
+
+
+class _RecordingIterator(Iterator):
+    """Passes one batch through and remembers it (before Bridge drops the keys this stage does not need)."""
+
+    def __init__(self, source: Iterable) -> None:
+        self.source = source
+        self.raw: dict[str, Any] | None = None
+
+    def __next__(self) -> dict[str, Any]:
+        self.raw = next(self.source)
+        return self.raw if not isinstance(self.raw, dict) else dict(self.raw)
+
+
+def _loss_mask_on_this_cp_rank(raw: dict[str, Any], pg_collection: Any) -> torch.Tensor:
+    """The loss mask sliced for this context-parallel rank as Bridge slices the tokens (first stage under PP)."""
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    gpt_step = import_bridge("megatron.bridge.training.gpt_step")
+    device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
+    batch = {key: raw.get(key) for key in ("loss_mask", "cu_seqlens_q", "cu_seqlens_q_padded", "cu_seqlens")}
+    batch["loss_mask"] = batch["loss_mask"].to(device)
+    batch = {key: value for key, value in batch.items() if value is not None}
+    if gpt_step._has_packed_sequence_metadata(batch) and pg_collection.cp.size() > 1:
+        return gpt_step._partition_packed_batch_for_cp(batch, pg_collection.cp)["loss_mask"]
+    return get_batch_on_this_cp_rank({"loss_mask": batch["loss_mask"]}, is_hybrid_cp=False, cp_group=pg_collection.cp)[
+        "loss_mask"
+    ]
+
+
+def noise_forward_step(
+    state: Any, data_iterator: Iterable, model: torch.nn.Module, return_schedule_plan: bool = False
+) -> tuple[torch.Tensor, partial]:
+    """Bridge's GPT forward step for a noisy model: same batch, loss and logging, plus the noise clock and mask."""
+    gpt_step = import_bridge("megatron.bridge.training.gpt_step")
+    sync_noise_clock(model, state.train_state.step)
+    with _CapturingBatch(model, strip_labels=False) as capture:
+        output, loss_mask = gpt_step._forward_step_common(
+            state, data_iterator, model, return_schedule_plan, _get_batch_fn=capture
+        )
+    loss_function = gpt_step._create_loss_function(
+        loss_mask,
+        check_for_nan_in_loss=state.cfg.rerun_state_machine.check_for_nan_in_loss,
+        check_for_spiky_loss=state.cfg.rerun_state_machine.check_for_spiky_loss,
+    )
+    return output, loss_function
+
+
+def distillation_forward_step(
+    state: Any, data_iterator: Iterable, model: torch.nn.Module, return_schedule_plan: bool = False
+) -> tuple[torch.Tensor, partial]:
+    """Noisy student + clean teacher: returns the student's logits and the combined CE + KD loss function.
+
+    The model chunk must come from ``NoisyDistillationProvider`` (it carries the teacher). The loss function returns
+    Bridge's ``(loss_sum, num_tokens, report)`` with ``lm loss``, ``kd loss``, ``hidden loss`` and ``total loss``.
+    """
+    from nemo_noise_plugin.distillation.losses import combined_distillation_loss
+    from nemo_noise_plugin.distillation.teacher_weights import ready_teacher
+
+    gpt_step = import_bridge("megatron.bridge.training.gpt_step")
+    inner = unwrap_model(model)
+    kd_config = inner.config.kd if hasattr(inner.config, "kd") else None
+    if kd_config is None:
+        raise TypeError(
+            "distillation_forward_step needs a model built by NoisyDistillationProvider (its config has no 'kd')."
+        )
+    teacher = ready_teacher(state, model) if kd_config.enabled else None
+    sync_noise_clock(model, state.train_state.step)
+    if return_schedule_plan:
+        return _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, teacher, gpt_step)
+    hidden = _HiddenStateCapture(inner, teacher, kd_config.hidden_layers if kd_config.hidden_loss != "none" else [])
+    with _CapturingBatch(model, strip_labels=True) as capture, hidden.student():
+        student_logits, loss_mask = gpt_step._forward_step_common(state, data_iterator, model, _get_batch_fn=capture)
+    teacher_logits = None
+    if teacher is not None and student_logits is not None and (kd_config.kd_weight > 0 or hidden.layers):
+        with torch.no_grad(), hidden.teacher():
+            teacher_logits = teacher(**_teacher_inputs(capture, gpt_step))
+    loss_function = partial(
+        _distillation_loss,
+        combined_distillation_loss,
+        kd_config,
+        loss_mask,
+        capture.labels,
+        teacher_logits,
+        hidden,
+        inner,
+    )
+    return student_logits, loss_function
+
+
+def _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, teacher, gpt_step):
+    """The plan path: the student's plan computes CE + KD in its post-process node from the teacher's logits.
+
+    The teacher runs here, under ``no_grad`` and before the plan does; its logits reach the loss through the
+    post-process node's ``output_processor`` (``nemo_noise_plugin.schedule_plan.distillation``).
+    """
+    from nemo_noise_plugin.distillation.plan_loss import (
+        DistillationLossParts,
+        DistillationOutputProcessor,
+        plan_distillation_loss,
+    )
+
+    if kd_config.hidden_loss != "none":
+        raise ValueError(
+            f"KDConfig.hidden_loss={kd_config.hidden_loss!r} is not supported under the fine-grained schedule plan "
+            "(overlap_moe_expert_parallel_comm); use hidden_loss=none."
+        )
+    with _CapturingBatch(model, strip_labels=False) as capture:
+        plan, loss_mask = gpt_step._forward_step_common(
+            state, data_iterator, model, return_schedule_plan=True, _get_batch_fn=capture
+        )
+    teacher_logits = None
+    if teacher is not None and kd_config.kd_weight > 0:
+        with torch.no_grad():
+            teacher_logits = teacher(**_teacher_inputs(capture, gpt_step))
+    parts = DistillationLossParts()
+    plan.state.output_processor = DistillationOutputProcessor(
+        kd_config,
+        teacher_logits,
+        loss_mask,
+        capture.labels,
+        inner.pg_collection.tp,
+        bool(inner.config.sequence_parallel),
+    )
+    plan.state.output_processor_context = parts
+    return plan, partial(plan_distillation_loss, parts)
+
+
+def _teacher_inputs(capture: _CapturingBatch, gpt_step: Any) -> dict[str, Any]:
+    inputs = {
+        "input_ids": capture.tokens,
+        "position_ids": capture.position_ids,
+        "attention_mask": capture.attention_mask,
+    }
+    if capture.packed_seq_metadata is not None:
+        inputs["packed_seq_params"] = gpt_step.get_packed_seq_params(capture.packed_seq_metadata)
+    return inputs
+
+
+def _distillation_loss(
+    combined_distillation_loss, kd_config, loss_mask, labels, teacher_logits, hidden, inner, student_logits
+):
+    result = combined_distillation_loss(
+        kd_config,
+        student_logits,
+        teacher_logits,
+        loss_mask,
+        labels=labels,
+        hidden_pairs=hidden.pairs(),
+        tp_group=inner.pg_collection.tp,
+        sequence_parallel=bool(inner.config.sequence_parallel),
+    )
+    hidden.clear()
+    return result.bridge_outputs()
+
+
+class _HiddenStateCapture:
+    """Forward hooks that keep the outputs of the chosen decoder layers of the student and the teacher."""
+
+    def __init__(self, student: torch.nn.Module, teacher: torch.nn.Module | None, layers: list[int]) -> None:
+        self.student_model, self.teacher_model, self.layers = student, teacher, list(layers)
+        self.student_outputs: dict[int, torch.Tensor] = {}
+        self.teacher_outputs: dict[int, torch.Tensor] = {}
+
+    @contextlib.contextmanager
+    def _hooks(self, model: torch.nn.Module | None, outputs: dict[int, torch.Tensor]) -> Iterator[None]:
+        handles = []
+        if model is not None:
+            for index in self.layers:
+                layer = model.decoder.layers[index]
+                handles.append(layer.register_forward_hook(partial(self._keep, outputs, index)))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @staticmethod
+    def _keep(outputs: dict[int, torch.Tensor], index: int, module, args, output) -> None:
+        outputs[index] = output[0] if isinstance(output, tuple) else output
+
+    def student(self):
+        return self._hooks(self.student_model, self.student_outputs)
+
+    def teacher(self):
+        return self._hooks(self.teacher_model, self.teacher_outputs)
+
+    def pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.student_outputs[i], self.teacher_outputs[i]) for i in self.layers]
+
+    def clear(self) -> None:
+        self.student_outputs.clear()
+        self.teacher_outputs.clear()

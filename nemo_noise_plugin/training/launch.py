@@ -1,0 +1,136 @@
+"""Run a Megatron-Bridge ``ConfigContainer`` with the plugin's forward step: Bridge's training loop, or the CPU loop.
+
+The launcher behind ``nemo llm finetune`` and the main job, and usable from Python::
+
+    from nemo_noise_plugin.training.launch import launch
+    from nemo_noise_plugin.recipes import tiny_noise_sft_config
+
+    if __name__ == "__main__":  # Bridge's checkpoint-save workers re-import the launching script
+        launch(tiny_noise_sft_config(), ["train.train_iters=100", "model.noise.alpha=10"])
+
+It decides three things from the config, so a recipe only has to return one:
+
+- the overrides: Megatron-Bridge's Hydra path with the plugin's settings re-validated
+  (``training.overrides.apply_overrides``): ``key=value`` sets a field, ``+key=value`` adds a key (inside
+  dict-valued fields such as ``env_vars``), ``~key`` deletes one (a dataclass field goes back to its default);
+- the forward step: ``distillation_forward_step`` for a ``NoisyDistillationProvider``, else ``noise_forward_step``;
+- the entry: Bridge's ``finetune`` when ``checkpoint.pretrained_checkpoint`` names weights to start from, else
+  ``pretrain`` (the tiny recipes train from scratch on the embedded corpus; both resume from ``checkpoint.load``).
+
+Bridge's loop needs a GPU. Without one, ``launch`` runs the CPU loop when the caller allows it (recipes on the
+embedded corpus), else raises ``GPUUnavailableError`` before it imports Bridge or writes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nemo_noise_plugin.bridge_imports import import_bridge, use_prebuilt_dataset_helpers
+
+__all__ = [
+    "GPU_REQUIRED_MESSAGE",
+    "GPUUnavailableError",
+    "forward_step_for",
+    "launch",
+    "launch_with_report",
+    "require_gpu",
+    "training_entry_for",
+]
+
+GPU_REQUIRED_MESSAGE = (
+    "Bridge's training loop needs a GPU; use --dryrun/--to-yaml, or `python -m nemo_noise_plugin` for the CPU main job"
+)
+
+
+class GPUUnavailableError(RuntimeError):
+    """Raised by ``launch`` on a machine where CUDA is not available, before anything else happens."""
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device is available (the only CUDA call made before Bridge or the CPU loop starts)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def require_gpu() -> None:
+    """Raise ``GPUUnavailableError`` unless CUDA is available."""
+    if not cuda_available():
+        raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
+
+
+def forward_step_for(config: Any) -> Callable:
+    """The plugin's forward step for ``config.model``: distillation for a ``NoisyDistillationProvider``, else noise."""
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+
+    return distillation_forward_step if isinstance(config.model, NoisyDistillationProvider) else noise_forward_step
+
+
+def training_entry_for(config: Any) -> Callable:
+    """Bridge's ``finetune`` when ``checkpoint.pretrained_checkpoint`` is set, else ``pretrain``."""
+    if config.checkpoint.pretrained_checkpoint is not None:
+        return import_bridge("megatron.bridge.training.finetune").finetune
+    return import_bridge("megatron.bridge.training.pretrain").pretrain
+
+
+def launch(
+    config: Any,
+    overrides: Sequence[str] = (),
+    *,
+    forward_step: Callable | None = None,
+    callbacks: Sequence[Any] | None = None,
+    allow_cpu_loop: bool = False,
+) -> None:
+    """Train ``config`` (after ``overrides``) with the plugin's forward step and Bridge ``callbacks``.
+
+    With a GPU: Bridge's real loop (``training_entry_for(config)``), after letting Bridge use megatron-core's prebuilt
+    dataset helper (``use_prebuilt_dataset_helpers``); under ``torchrun`` every rank calls this. Without one: the CPU
+    loop (``training.cpu_loop``) when ``allow_cpu_loop``, else ``GPUUnavailableError`` before anything else happens.
+    ``forward_step`` defaults to ``forward_step_for(config)``.
+    """
+    from nemo_noise_plugin.training.overrides import apply_overrides
+
+    on_gpu = cuda_available()
+    if not on_gpu and not allow_cpu_loop:
+        raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
+    config = apply_overrides(config, list(overrides))
+    step = forward_step or forward_step_for(config)
+    if not on_gpu:
+        from nemo_noise_plugin.training.cpu_loop import run_cpu_loop
+
+        run_cpu_loop(config, step, callbacks or [])
+        return
+    use_prebuilt_dataset_helpers()
+    entry = training_entry_for(config)
+    if callbacks:
+        entry(config, step, callbacks=list(callbacks))
+    else:
+        entry(config, step)
+
+
+def launch_with_report(config: Any, *, output_dir: str, label: str) -> None:
+    """Train a recipe on the embedded corpus with progress lines, then write the robustness report.
+
+    Bridge's loop on a GPU (checkpoints under ``config.checkpoint.save``, resumable), else the CPU loop, which says
+    so; the report (``robustness.{json,png}`` in ``output_dir``) is computed by a Bridge callback at the start and at
+    the end of training either way.
+    """
+    from nemo_noise_plugin.robustness import RobustnessReport
+    from nemo_noise_plugin.training.progress import ProgressLine
+
+    on_gpu = cuda_available()
+    if not on_gpu and config.train.exit_interval is not None:
+        raise ValueError(
+            f"train.exit_interval={config.train.exit_interval} (--stop-after) needs Bridge's training loop (a GPU); "
+            "the CPU loop writes no checkpoint."
+        )
+    where = ", Bridge's training loop" if on_gpu else ""
+    print(f"== nemo-noise-plugin main job: {label} on the embedded corpus{where} ==")
+    os.makedirs(output_dir, exist_ok=True)
+    report = RobustnessReport(config.model.noise, output_dir)
+    launch(config, callbacks=[report, ProgressLine()], allow_cpu_loop=True)
+    if "after" not in report.curves:
+        print("no robustness report: training ended before its last iteration")

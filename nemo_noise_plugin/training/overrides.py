@@ -1,0 +1,297 @@
+"""Run configs in and out: Bridge's Hydra-style overrides and YAML, with the plugin's settings validated.
+
+Bridge applies ``key=value`` overrides (``process_config_with_overrides``) by ``setattr`` on the dataclasses it
+already holds, so ``NoiseConfig``/``KDConfig.__post_init__`` never sees the new values: ``model.noise.alpha=-1``
+or ``=abc`` would be accepted and fail (or silently misbehave) at training time, and a ``+``-added unknown key is
+dropped with a log warning. ``apply_overrides`` runs the same Bridge machinery, but first rebuilds every
+``NoiseConfig``/``KDConfig`` from its overridden fields and checks every key, raising ``ConfigOverrideError`` that
+names the full key (``model.noise.alpha=-1 is invalid: ...``) before the config is changed or any GPU memory is
+touched. ``load_config_yaml`` reloads a ``ConfigContainer.to_yaml`` file (e.g. a checkpoint's ``run_config.yaml``)
+that names the plugin's classes. The command line and users' launch scripts call both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import re
+from typing import Any
+
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.distillation.config import KDConfig
+from nemo_noise_plugin.noise.config import NoiseConfig
+
+__all__ = ["VALIDATED_CONFIG_TYPES", "ConfigOverrideError", "apply_overrides", "load_config_yaml"]
+
+VALIDATED_CONFIG_TYPES: tuple[type, ...] = (NoiseConfig, KDConfig)
+"""Dataclasses that ``apply_overrides`` rebuilds from their overridden fields, so their ``__post_init__`` runs."""
+
+_INSTANTIATION_KEYS = frozenset({"_target_", "_call_", "_args_", "_partial_", "_recursive_", "_convert_"})
+_FLOAT_TYPES = frozenset({"float", "float | None", float, float | None})
+_FIELD_LIST_LIMIT = 20
+_MESSAGE_KEY = re.compile(r"^(?P<owner>\w+)(?:\.|: )(?P<field>\w+)=")
+
+
+class ConfigOverrideError(ValueError):
+    """An override or YAML value that the config cannot take; the message names the full key."""
+
+
+def apply_overrides(config: Any, overrides: list[str], *, config_filepath: str | os.PathLike[str] | None = None):
+    """Apply Hydra-style ``overrides`` (and an optional YAML file merged first) to ``config``; return ``config``.
+
+    Uses Bridge's own override path (``megatron.bridge.training.utils.omegaconf_utils``: ``key=value``, ``+key=value``
+    to add, ``~key`` to delete, YAML merge), then guarantees what that path does not:
+
+    - every key names a field: ``+train.itres=3`` or ``+model.noise.alpah=3`` raise (Bridge only logs a warning);
+    - ``NoiseConfig``/``KDConfig`` values are validated by constructing them anew (their ``__post_init__``),
+      ints are turned into floats for float fields, and the new objects replace the old ones;
+    - ``~key`` on a dataclass field restores the field's declared default (Bridge would keep the old value);
+    - a ``NoisyDistillationProvider`` re-checks its distillation constraints (``validate_distillation``).
+
+    Errors are ``ConfigOverrideError`` naming the full key path and the overrides that touched it, raised before
+    ``config`` is changed. Nothing here touches a GPU.
+    """
+    from omegaconf import OmegaConf
+
+    omegaconf_utils = import_bridge("megatron.bridge.training.utils.omegaconf_utils")
+    overrides = [str(override) for override in overrides]
+    omega, excluded = omegaconf_utils.create_omegaconf_dict_config(config)
+    before = OmegaConf.to_container(omega, resolve=False)
+    if config_filepath is not None:
+        omega = OmegaConf.merge(omega, OmegaConf.create(_config_file_values(config, config_filepath)))
+    if overrides:
+        try:
+            omega = omegaconf_utils.parse_hydra_overrides(omega, overrides)
+        except omegaconf_utils.OverridesError as error:
+            raise ConfigOverrideError(_explain_hydra_error(config, str(error), overrides)) from error
+    after = OmegaConf.to_container(omega, resolve=True)
+
+    plan = _Plan(overrides)
+    plan.walk(config, before, after, path="")
+    _validate_distillation(config, after, plan)
+    omegaconf_utils.apply_overrides(config, after, excluded)
+    for owner, name, value in plan.resets + plan.replacements:
+        setattr(owner, name, value)
+    return config
+
+
+def _config_file_values(config: Any, path: str | os.PathLike[str]) -> dict:
+    """The fields a YAML config file sets, in the form Bridge's override path takes.
+
+    The file may be partial (``model: {noise: {alpha: 10}}``) or a whole ``ConfigContainer.to_yaml`` export, whose
+    ``_target_`` entries are checked against the config's own classes and dropped: a config file changes fields,
+    never the objects the recipe built (a provider keeps its registered hooks, e.g. AutoBridge's weight loading).
+    """
+    import yaml
+
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise ConfigOverrideError(f"config file {name!r} is not a file: expected a YAML file of config fields.")
+    try:
+        with open(name) as handle:
+            loaded = yaml.safe_load(handle) or {}
+    except yaml.YAMLError as error:
+        raise ConfigOverrideError(f"config file {name}: not valid YAML: {error}".replace("\n", " ")) from error
+    if not isinstance(loaded, dict):
+        raise ConfigOverrideError(
+            f"config file {name}: expected a mapping of config fields, got {type(loaded).__name__}."
+        )
+    return _file_fields(config, loaded, "")
+
+
+def _file_fields(owner: Any, values: dict, path: str) -> dict:
+    fields: dict = {}
+    for key, value in values.items():
+        if key in _INSTANTIATION_KEYS:
+            continue
+        if not isinstance(key, str):
+            raise ConfigOverrideError(f"{_join(path, str(key))}: config keys must be field names, got {key!r}.")
+        key_path = _join(path, key)
+        current = getattr(owner, key, None) if dataclasses.is_dataclass(owner) else None
+        if isinstance(value, dict) and "_target_" in value:
+            if dataclasses.is_dataclass(current):
+                expected = f"{type(current).__module__}.{type(current).__qualname__}"
+                if value["_target_"] != expected:
+                    raise ConfigOverrideError(
+                        f"{key_path}._target_={value['_target_']} is invalid: the recipe builds {expected}; a config "
+                        "file sets fields and cannot change a class."
+                    )
+                fields[key] = _file_fields(current, value, key_path)
+            elif not _names_current_value(value, current):
+                raise ConfigOverrideError(
+                    f"{key_path}={value['_target_']} is invalid: the recipe's value is {current!r}; a config file "
+                    "cannot replace a function or object field; set it in Python."
+                )
+        elif isinstance(value, dict) and dataclasses.is_dataclass(current):
+            fields[key] = _file_fields(current, value, key_path)
+        else:
+            fields[key] = value
+    return fields
+
+
+def _names_current_value(value: dict, current: Any) -> bool:
+    """Whether a YAML ``_target_`` entry (a dtype, an enum member, a function) denotes ``current``."""
+    instantiate = import_bridge("megatron.bridge.utils.instantiate_utils").instantiate
+    try:
+        return instantiate(value) == current
+    except Exception:  # an entry that does not instantiate here cannot denote the current value
+        return False
+
+
+def load_config_yaml(path: str | os.PathLike[str]):
+    """``ConfigContainer.from_yaml(path)`` with the plugin's classes allowed as ``_target_`` (importing providers)."""
+    import nemo_noise_plugin.providers  # noqa: F401  (adds "nemo_noise_plugin." to Bridge's allowlist)
+
+    return import_bridge("megatron.bridge.training.config").ConfigContainer.from_yaml(os.fspath(path))
+
+
+class _Plan:
+    """Walks the config next to its overridden mapping, checking keys and preparing what to set after Bridge."""
+
+    def __init__(self, overrides: list[str]) -> None:
+        self.overrides = overrides
+        self.resets: list[tuple[Any, str, Any]] = []
+        self.replacements: list[tuple[Any, str, Any]] = []
+
+    def walk(self, obj: Any, before: Any, after: Any, path: str) -> None:
+        if not dataclasses.is_dataclass(obj) or not isinstance(after, dict):
+            return
+        fields = {f.name: f for f in dataclasses.fields(obj)}
+        for key in after:
+            if key not in _INSTANTIATION_KEYS and key not in fields and not hasattr(obj, key):
+                raise ConfigOverrideError(_unknown_key(obj, _join(path, key), self.overrides))
+        before = before if isinstance(before, dict) else {}
+        for name in before:
+            if name in fields and name not in after:
+                self.resets.append((obj, name, self._default(obj, fields[name], _join(path, name))))
+        for name, value in after.items():
+            if name not in fields:
+                continue
+            current = getattr(obj, name)
+            key = _join(path, name)
+            if isinstance(current, VALIDATED_CONFIG_TYPES):
+                self.replacements.append((obj, name, self._rebuild(type(current), value, key)))
+            elif isinstance(value, dict) and "_target_" not in value:
+                self.walk(current, before.get(name), value, key)
+
+    def _rebuild(self, config_type: type, value: Any, key: str) -> Any:
+        touched = _touching(key, self.overrides)
+        if not isinstance(value, dict):
+            raise ConfigOverrideError(
+                f"{key}={value!r} is invalid: expected a mapping of {config_type.__name__} fields; override single "
+                f"fields instead ({key}.<field>=<value>).{touched}"
+            )
+        values = {name: item for name, item in value.items() if name not in _INSTANTIATION_KEYS}
+        fields = {f.name: f for f in dataclasses.fields(config_type)}
+        for name in values:
+            if name not in fields:
+                raise ConfigOverrideError(_unknown_key(config_type, _join(key, name), self.overrides))
+        try:
+            rebuilt = config_type(**values)
+        except (TypeError, ValueError) as error:
+            message, _ = _name_key(str(error), {config_type.__name__: key})
+            raise ConfigOverrideError(message + touched) from error
+        for name, item in values.items():
+            if fields[name].type in _FLOAT_TYPES and isinstance(item, int) and not isinstance(item, bool):
+                setattr(rebuilt, name, float(item))
+        return rebuilt
+
+    def _default(self, obj: Any, field: dataclasses.Field, key: str) -> Any:
+        if field.default is not dataclasses.MISSING:
+            return field.default
+        if field.default_factory is not dataclasses.MISSING:
+            return field.default_factory()
+        raise ConfigOverrideError(
+            f"~{key} is invalid: {type(obj).__name__}.{field.name} has no default to restore; set a value instead."
+        )
+
+
+def _validate_distillation(config: Any, after: dict, plan: _Plan) -> None:
+    """Run ``NoisyDistillationProvider.validate_distillation`` on the overridden values, before they are applied."""
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
+
+    model = getattr(config, "model", None)
+    if not isinstance(model, NoisyDistillationProvider):
+        return
+    values = dict(after.get("model") or {})
+    values.update({name: value for owner, name, value in plan.resets + plan.replacements if owner is model})
+    try:
+        type(model).validate_distillation(_Overlay(model, values))
+    except (TypeError, ValueError) as error:
+        names = {"KDConfig": "model.kd", "NoiseConfig": "model.noise", type(model).__name__: "model"}
+        message, key = _name_key(str(error), names)
+        raise ConfigOverrideError(message + _touching(key, plan.overrides)) from error
+
+
+class _Overlay:
+    """The provider as it will be after the overrides: their values first, the provider's attributes otherwise."""
+
+    def __init__(self, base: Any, values: dict) -> None:
+        self._base, self._values = base, values
+
+    def __getattr__(self, name: str) -> Any:
+        return self._values[name] if name in self._values else getattr(self._base, name)
+
+
+def _explain_hydra_error(config: Any, message: str, overrides: list[str]) -> str:
+    """Hydra's complaints about a key restated in terms of the config: which class lacks the field, or why."""
+    match = re.search(r"Could not (override|delete from config\.) '([^']+)'", message)
+    if not match:
+        return message
+    key = match.group(2)
+    owner = config
+    for part in key.split(".")[:-1]:
+        owner = getattr(owner, part, None)
+    name = key.rpartition(".")[2]
+    if not dataclasses.is_dataclass(owner):
+        return message
+    if not hasattr(owner, name):
+        return _unknown_key(owner, key, overrides)
+    if match.group(1) != "override" and getattr(owner, name) is None:
+        return f"~{key} is invalid: its value is already null, and Hydra cannot delete a null key." + _touching(
+            key, overrides
+        )
+    return message
+
+
+def _unknown_key(owner: Any, key: str, overrides: list[str]) -> str:
+    owner_type = owner if isinstance(owner, type) else type(owner)
+    names = [f.name for f in dataclasses.fields(owner_type) if not f.name.startswith("_")]
+    parent, _, name = key.rpartition(".")
+    message = f"{key} is not a field of {owner_type.__name__}"
+    close = difflib.get_close_matches(name, names, n=3)
+    if close:
+        message += f"; did you mean {' or '.join(_join(parent, match) for match in close)}?"
+    elif len(names) <= _FIELD_LIST_LIMIT:
+        message += f"; fields: {', '.join(names)}."
+    else:
+        message += "."
+    return message + _touching(key, overrides)
+
+
+def _touching(key: str, overrides: list[str]) -> str:
+    """`` (from a=1, a.b=2)``: the overrides that set ``key`` or a key under it (empty when none did)."""
+    mine = [item for item in overrides if _override_key(item) == key or _override_key(item).startswith(key + ".")]
+    return f" (from {', '.join(mine)})" if mine else ""
+
+
+def _name_key(message: str, owners: dict[str, str]) -> tuple[str, str]:
+    """``NoiseConfig.alpha=-1 is invalid: ...`` -> ``model.noise.alpha=-1 is invalid: ...``, and the key it names.
+
+    ``owners`` maps the class names that messages start with to their key paths in the config.
+    """
+    match = _MESSAGE_KEY.match(message)
+    if match and match.group("owner") in owners:
+        key = _join(owners[match.group("owner")], match.group("field"))
+        return f"{key}={message[match.end() :]}", key
+    owner = next((path for name, path in owners.items() if message.startswith(name)), "")
+    return (f"{owner}: {message}" if owner else message), owner
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").partition("=")[0].strip()
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
