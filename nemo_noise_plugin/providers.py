@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megatron.core.models.gpt.gpt_model import GPTModel
+from megatron.core.utils import unwrap_model
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
+from nemo_noise_plugin.distillation.pipeline_teacher import attach_teacher_pipe, build_teacher_pipes
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.distillation.teacher_weights import attach_teacher
 from nemo_noise_plugin.model.make_noisy import make_noisy
@@ -93,11 +95,17 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
             raise TypeError(f"NoisyDistillationProvider.kd must be a KDConfig, got {type(self.kd).__name__}.")
         if not self.kd.enabled:
             return
-        if (self.pipeline_model_parallel_size or 1) > 1:
+        if (self.pipeline_model_parallel_size or 1) > 1 and self.kd.hidden_loss != "none":
             raise ValueError(
-                f"NoisyDistillationProvider: pipeline_model_parallel_size={self.pipeline_model_parallel_size} is "
-                "not supported with distillation (the teacher's logits exist only on the last stage's teacher "
-                "chunk); use pipeline_model_parallel_size=1, or kd.enabled=false."
+                f"NoisyDistillationProvider: kd.hidden_loss={self.kd.hidden_loss!r} is not supported with "
+                f"pipeline_model_parallel_size={self.pipeline_model_parallel_size}: the chosen layers' outputs live "
+                "on other stages than the loss; use kd.hidden_loss=none, or pipeline_model_parallel_size=1."
+            )
+        if (self.pipeline_model_parallel_size or 1) > 1 and getattr(self, "mtp_num_layers", None):
+            raise ValueError(
+                f"NoisyDistillationProvider: mtp_num_layers={self.mtp_num_layers} is not supported with distillation "
+                f"at pipeline_model_parallel_size={self.pipeline_model_parallel_size} (the pipeline teacher runs "
+                "the decoder and output layer only); use mtp_num_layers=None, or pipeline_model_parallel_size=1."
             )
         if getattr(self, "overlap_moe_expert_parallel_comm", False) and self.kd.hidden_loss != "none":
             raise ValueError(
@@ -115,7 +123,11 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
                     )
 
     def provide_distributed_model(self, *args: Any, **kwargs: Any) -> list:
-        """Bridge's model building and wrapping, then a clean teacher snapshot for each model chunk."""
+        """Bridge's model building and wrapping, then a clean teacher snapshot for each model chunk.
+
+        Under pipeline parallelism the chunks also get the teacher's point-to-point channel
+        (``distillation.pipeline_teacher``); creating it is collective over all ranks, as model building is.
+        """
         self.validate_distillation()
         model = super().provide_distributed_model(*args, **kwargs)
         if self.kd.enabled:
@@ -123,6 +135,10 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
                 attach_teacher(
                     chunk, build_clean_teacher(chunk, share_frozen_modules=self.teacher_shares_frozen_modules)
                 )
+            if (self.pipeline_model_parallel_size or 1) > 1:
+                pipe = build_teacher_pipes(unwrap_model(model[0]).pg_collection.pp)
+                for chunk in model:
+                    attach_teacher_pipe(chunk, pipe)
         return model
 
 

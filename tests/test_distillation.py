@@ -202,7 +202,10 @@ def test_noise_forward_step_is_bridges_step_plus_the_noise_clock_and_the_loss_ma
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (dict(pipeline_model_parallel_size=2), "pipeline_model_parallel_size=2 is not supported with distillation"),
+        (
+            dict(pipeline_model_parallel_size=2, kd=KDConfig(hidden_loss="mse", hidden_layers=[0])),
+            "hidden_loss='mse' is not supported with pipeline_model_parallel_size=2",
+        ),
         (dict(kd=KDConfig(hidden_loss="mse", hidden_layers=[5])), "layer 5 is outside 0..1"),
     ],
 )

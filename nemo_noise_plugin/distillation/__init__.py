@@ -2,7 +2,8 @@
 
 ``config`` (``KDConfig``), ``vocab_parallel`` (reductions over the tensor-parallel logit shards), ``losses`` (the KD
 losses), ``teacher`` (the frozen clean copy), ``teacher_weights`` (its weights under Bridge), ``plan_loss`` (CE + KD
-inside the fine-grained schedule plan's post-process node).
+inside the fine-grained schedule plan's post-process node), ``pipeline_teacher`` (the teacher's hidden state along
+the student's pipeline schedule, under pipeline parallelism).
 """
 
 from nemo_noise_plugin.distillation.config import KDConfig, load_kd_config

@@ -11,6 +11,7 @@ gradient and go to the loss function through ``DistillationLossParts``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.distillation.losses import combined_distillation_loss
+from nemo_noise_plugin.distillation.pipeline_teacher import lazy_teacher_logits
 
 __all__ = ["DistillationLossParts", "DistillationOutputProcessor", "plan_distillation_loss"]
 
@@ -39,7 +41,8 @@ class DistillationOutputProcessor:
     """
 
     kd_config: KDConfig
-    teacher_logits: torch.Tensor | None
+    teacher_logits: torch.Tensor | Callable[[], torch.Tensor] | None
+    """The teacher's logits, or (pipeline parallel) a function that computes them when the node runs."""
     loss_mask: torch.Tensor
     labels: torch.Tensor | None
     tp_group: Any
@@ -61,7 +64,7 @@ class DistillationOutputProcessor:
         result = combined_distillation_loss(
             self.kd_config,
             student_logits,
-            self.teacher_logits,
+            lazy_teacher_logits(self.teacher_logits),
             self.loss_mask,
             labels=self.labels,
             tp_group=self.tp_group,

@@ -10,6 +10,9 @@ timers) and add what the plugin needs around it:
 - ``distillation_forward_step`` runs the clean teacher under ``no_grad`` on the same batch, once per microbatch,
   outside the student's autograd graph, and returns the combined CE + KD loss with its parts for logging. The
   teacher's logits live only in the loss function's closure, freed when the schedule drops it after the loss.
+  Under pipeline parallelism each chunk runs its teacher chunk in its forward step and passes the teacher's hidden
+  state to the next stage; the last chunk runs its teacher chunk and output layer inside the loss
+  (``nemo_noise_plugin.distillation.pipeline_teacher``).
   Under the fine-grained schedule plan (``return_schedule_plan=True``) the loss is computed inside the plan's
   post-process node instead (``nemo_noise_plugin.distillation.plan_loss``), where its gradient can leave.
 """
@@ -152,7 +155,12 @@ def distillation_forward_step(
     with _CapturingBatch(model, strip_labels=True) as capture, hidden.student():
         student_logits, loss_mask = gpt_step._forward_step_common(state, data_iterator, model, _get_batch_fn=capture)
     teacher_logits = None
-    if teacher is not None and student_logits is not None and (kd_config.kd_weight > 0 or hidden.layers):
+    pipeline_step = _pipeline_teacher_step(model, inner, teacher, capture, gpt_step)
+    if pipeline_step is not None:  # pipeline parallel: the teacher's hidden state rides along the schedule
+        pipeline_step.run()
+        if pipeline_step.holds_output_layer and kd_config.kd_weight > 0:
+            teacher_logits = pipeline_step.logits  # run when the loss is computed
+    elif teacher is not None and student_logits is not None and (kd_config.kd_weight > 0 or hidden.layers):
         with torch.no_grad(), hidden.teacher():
             teacher_logits = teacher(**_teacher_inputs(capture, gpt_step))
     loss_function = partial(
@@ -190,7 +198,12 @@ def _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, t
             state, data_iterator, model, return_schedule_plan=True, _get_batch_fn=capture
         )
     teacher_logits = None
-    if teacher is not None and kd_config.kd_weight > 0:
+    pipeline_step = _pipeline_teacher_step(model, inner, teacher, capture, gpt_step)
+    if pipeline_step is not None:  # pipeline parallel: the teacher's hidden state rides along the schedule
+        pipeline_step.run()
+        if pipeline_step.holds_output_layer and kd_config.kd_weight > 0:
+            teacher_logits = pipeline_step.logits  # run inside the post-process node, when the loss is computed
+    elif teacher is not None and kd_config.kd_weight > 0:
         with torch.no_grad():
             teacher_logits = teacher(**_teacher_inputs(capture, gpt_step))
     parts = DistillationLossParts()
@@ -204,6 +217,22 @@ def _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, t
     )
     plan.state.output_processor_context = parts
     return plan, partial(plan_distillation_loss, parts)
+
+
+def _pipeline_teacher_step(model, inner, teacher, capture, gpt_step):
+    """The teacher's share of this forward step under pipeline parallelism (``distillation.pipeline_teacher``)."""
+    from nemo_noise_plugin.distillation.pipeline_teacher import PipelineTeacherStep, attached_teacher_pipe
+
+    pipe = attached_teacher_pipe(model) if teacher is not None else None
+    if pipe is None:
+        return None
+    return PipelineTeacherStep(
+        teacher,
+        pipe,
+        _teacher_inputs(capture, gpt_step),
+        getattr(inner.decoder, "input_tensor", None),
+        inner.config.pipeline_dtype or next(inner.parameters()).dtype,
+    )
 
 
 def _teacher_inputs(capture: _CapturingBatch, gpt_step: Any) -> dict[str, Any]:
@@ -220,6 +249,8 @@ def _teacher_inputs(capture: _CapturingBatch, gpt_step: Any) -> dict[str, Any]:
 def _distillation_loss(
     combined_distillation_loss, kd_config, loss_mask, labels, teacher_logits, hidden, inner, student_logits
 ):
+    if callable(teacher_logits):  # pipeline parallel: the teacher's last chunk runs now, under no_grad
+        teacher_logits = teacher_logits()
     result = combined_distillation_loss(
         kd_config,
         student_logits,

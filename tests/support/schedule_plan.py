@@ -252,3 +252,31 @@ def run_interleaved(chunks: list[torch.nn.Module], batches: list[dict], state: A
     )
     grads = {f"{index}.{name}": grad for index, chunk in enumerate(chunks) for name, grad in _gradients(chunk).items()}
     return PathResult(list(store), grads)
+
+
+def global_layer_name(chunk: torch.nn.Module, name: str) -> str:
+    """``name`` of a parameter/buffer of ``chunk`` with its decoder layer index made global (``layer_number - 1``).
+
+    A pipeline chunk numbers its layers from 0; the unsplit model numbers them 0..num_layers-1. Other names (the
+    embedding, final layernorm, output layer) are the same in both.
+    """
+    from megatron.core.utils import unwrap_model
+
+    marker = "decoder.layers."
+    if marker not in name:
+        return name
+    head, tail = name.split(marker, 1)
+    local, rest = tail.split(".", 1)
+    layer = unwrap_model(chunk).decoder.layers[int(local)]
+    return f"{head}{marker}{layer.layer_number - 1}.{rest}"
+
+
+def load_from_unsplit(chunk: torch.nn.Module, unsplit_state: dict[str, torch.Tensor]) -> None:
+    """Give a pipeline chunk the weights of the same layers of an unsplit (PP=1) model's ``state_dict``."""
+    state = {name: unsplit_state[global_layer_name(chunk, name)] for name in chunk.state_dict()}
+    chunk.load_state_dict(state)
+
+
+def global_gradients(chunks: list[torch.nn.Module]) -> dict[str, torch.Tensor]:
+    """The gradients of this rank's chunks, keyed by the unsplit model's parameter names."""
+    return {global_layer_name(chunk, name): grad for chunk in chunks for name, grad in _gradients(chunk).items()}
