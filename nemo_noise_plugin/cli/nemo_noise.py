@@ -2,7 +2,8 @@
 
 Registered under the ``nemo_run.cli`` entry-point group in ``pyproject.toml``; ``nemo`` imports this module to
 build the group, so importing it must stay cheap and must not need Transformer Engine, a GPU or Megatron-Bridge.
-``nemo noise ledger`` prints the privacy ledger of a noise config. ``nemo llm finetune`` lives in
+``nemo noise ledger`` prints the privacy ledger of a noise config; ``nemo noise audit`` runs the token-recovery audit
+report (``audit_report.run_audit_report``). ``nemo llm finetune`` lives in
 ``cli.nemo_llm`` (the ``llm`` entry point; it moves to ``nemo noise finetune`` where NeMo 2's own ``llm`` group is
 installed).
 """
@@ -10,11 +11,14 @@ installed).
 # No ``from __future__ import annotations`` and no ``X | None``: NeMo-Run's argument parser (0.11) needs real
 # types and rejects ``types.UnionType`` ("Unsupported type: float | None"), so the optional arguments use Optional.
 import dataclasses
+import sys
 from collections.abc import Sequence
 from typing import Any, Optional
 
 import nemo_run as run
 from nemo_run.cli.api import Entrypoint
+
+from nemo_noise_plugin.cli.console import quiet_third_party
 
 LEDGER_SETTINGS: dict[str, type] = {
     "config": str,
@@ -34,7 +38,15 @@ class KeyValueEntrypoint(Entrypoint):
     """
 
     def _execute_simple(self, args: list[str], console: Any) -> None:
-        self.fn(arguments=list(args))
+        verbose = "--verbose" in args or "-v" in args
+        quiet_third_party(verbose)
+        try:
+            self.fn(arguments=[arg for arg in args if arg not in ("--verbose", "-v")])
+        except (OSError, ValueError) as error:  # a bad argument or file: one line, the usage exit status
+            if verbose:
+                raise
+            print(f"Error: {' '.join(str(error).split())}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def parse_key_values(arguments: Sequence[str]) -> dict[str, Any]:
@@ -95,3 +107,92 @@ def ledger(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
     config's), hidden_size (d, for the expected noise norm); any other key overrides that NoiseConfig field.
     """
     print(run_ledger(arguments or []))
+
+
+AUDIT_SETTINGS: dict[str, type] = {
+    "model": str,
+    "config": str,
+    "sweep": str,
+    "tokens": int,
+    "attacks": str,
+    "output_dir": str,
+    "max_length": int,
+    "task_sequences": int,
+    "task_loss": bool,
+    "device": str,
+    "epochs": int,
+    "vocab_chunk": int,
+    "query_chunk": int,
+    "neighbour_sample": int,
+}
+"""The audit's own ``key=value`` arguments; every other key is a ``NoiseConfig`` field override."""
+AUDIT_DEFAULTS: dict[str, Any] = {"config": None, "tokens": 2000, "attacks": "nn_l2,nn_cosine", "max_length": 64}
+
+
+def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
+    """The ``nemo noise audit`` arguments checked and converted: ``config`` (a ``NoiseConfig``), ``sweeps``,
+    ``attacks`` (a tuple) and the run settings; raises ``ValueError`` naming a bad or missing argument."""
+    from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+    from nemo_noise_plugin.privacy.audit.sweep import parse_sweeps
+
+    values = parse_key_values(arguments)
+    fields = [field.name for field in dataclasses.fields(NoiseConfig)]
+    unknown = sorted(key for key in values if key not in AUDIT_SETTINGS and key not in fields)
+    if unknown:
+        raise ValueError(
+            f"unknown argument(s) {', '.join(unknown)}: expected {', '.join(AUDIT_SETTINGS)} or a NoiseConfig field "
+            f"({', '.join(fields)})."
+        )
+    missing = [key for key in ("model", "sweep", "output_dir") if key not in values]
+    if missing:
+        raise ValueError(
+            f"missing argument(s) {', '.join(missing)}: e.g. model=tiny mechanism=uniform sweep=alpha:1,5,10 "
+            "output_dir=audit_out."
+        )
+    settings = {**AUDIT_DEFAULTS, **{key: value for key, value in values.items() if key in AUDIT_SETTINGS}}
+    for key, kind in AUDIT_SETTINGS.items():
+        value = settings.get(key)
+        if value is not None and not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
+            raise ValueError(f"{key}={value!r} is invalid: expected a {kind.__name__}.")
+    overrides = {key: value for key, value in values.items() if key not in AUDIT_SETTINGS}
+    config = load_noise_config(settings["config"], **overrides) if settings["config"] else NoiseConfig(**overrides)
+    settings["config"] = config
+    settings["sweeps"] = parse_sweeps(str(settings.pop("sweep")), config.mechanism)
+    settings["attacks"] = tuple(a.strip() for a in str(settings["attacks"]).split(",") if a.strip())
+    return settings
+
+
+def run_audit(arguments: Sequence[str]) -> dict[str, str]:
+    """Parse ``nemo noise audit`` arguments and run the report; the written files' paths."""
+    from nemo_noise_plugin.audit_report import run_audit_report
+
+    settings = parse_audit_arguments(arguments)
+    return run_audit_report(
+        settings.pop("model"),
+        settings.pop("config"),
+        settings.pop("sweeps"),
+        settings.pop("attacks"),
+        settings.pop("output_dir"),
+        **settings,
+    )
+
+
+@run.cli.entrypoint(namespace="noise", enable_executor=False, entrypoint_cls=KeyValueEntrypoint)
+def audit(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
+    """Token-recovery audit: attack the noised embeddings at each noise level; write JSON, a table and a PNG.
+
+    Runs in-process; every argument is key=value::
+
+        nemo noise audit model=tiny mechanism=uniform sweep=alpha:1,5,10,50 tokens=2000 output_dir=audit_out
+        nemo noise audit model=smollm2 sweep=standard attacks=nn_l2,nn_cosine,direction output_dir=audit_out
+        nemo noise audit model=smollm2 sweep="metric_dp/eta:100,10;gaussian_mechanism/epsilon:100,10" clip_norm=1
+
+    Arguments: model (tiny: a random tiny GPT, offline; smollm2: the real SmolLM2-135M-Instruct table),
+    sweep ([mechanism/]field:level,... parts separated by ';', or standard), output_dir; optional tokens (audited
+    tokens, default 2000), attacks (nn_l2, nn_cosine, direction, lm_beam; default nn_l2,nn_cosine), config (a
+    noise preset or YAML as the base), max_length (tokens per audited sequence, 64), task_sequences (held-out
+    sequences for the task loss, 16), task_loss (false skips it), device (cpu or cuda), epochs (for the ledger),
+    vocab_chunk, query_chunk, neighbour_sample (rows that estimate the median neighbour distance; default all);
+    any other key overrides that NoiseConfig field (e.g. clip_norm=1).
+    """
+    run_audit(arguments or [])

@@ -10,7 +10,7 @@ from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
 from nemo_noise_plugin.validation import check_bool, check_choice, check_int, check_number
 
 NoiseMechanism = Literal["uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative"]
-NoiseScaling = Literal["true_length", "padded_length", "absolute"]
+NoiseScaling = Literal["true_length", "padded_length", "absolute", "embedding_distance"]
 TokenSelection = Literal["all", "prompt", "response"]
 ScheduleKind = Literal["constant", "linear", "cosine"]
 Calibration = Literal["analytic", "classical"]
@@ -18,7 +18,16 @@ Calibration = Literal["analytic", "classical"]
 MECHANISMS: tuple[str, ...] = ("uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative")
 PRIVACY_MECHANISMS: tuple[str, ...] = ("metric_dp", "gaussian_mechanism")
 LENGTH_SCALED_MECHANISMS: tuple[str, ...] = ("uniform", "gaussian")
-SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute")
+MAGNITUDE_FIELDS: dict[str, str] = {
+    "uniform": "alpha",
+    "gaussian": "sigma",
+    "metric_dp": "eta",
+    "gaussian_mechanism": "epsilon",
+    "quantization": "quantization_step",
+    "relative": "relative_scale",
+}
+"""The field that sets each mechanism's noise level (for metric_dp and gaussian_mechanism, larger is less noise)."""
+SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute", "embedding_distance")
 TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 CALIBRATIONS: tuple[str, ...] = ("analytic", "classical")
@@ -34,7 +43,9 @@ class NoiseConfig:
     - ``uniform`` (NEFTune): ``z = f(t) * alpha * c * U(-1, 1)^d``;
     - ``gaussian``: ``z = f(t) * sigma * c * N(0, I_d)``;
       with ``c = 1 / sqrt(L * d)`` and ``L`` the sequence's true length (``true_length``, the NEFTune paper's code),
-      the padded length (``padded_length``, HF transformers) or ``c = 1`` (``absolute``);
+      the padded length (``padded_length``, HF transformers) or ``c = 1`` (``absolute``); with
+      ``embedding_distance`` the per-token noise norm is sized from the embedding table instead (RMS norm
+      ``f(t) * distance_multiple * embedding_distance``; alpha/sigma are not used);
     - ``metric_dp`` (d_chi privacy): ``z = r * g / |g|``, ``g ~ N(0, I_d)``, ``r ~ Gamma(shape=d, scale=1/eta)``,
       so ``E|z| = d / eta``; embeddings are first clipped to norm ``clip_norm`` when it is set;
     - ``gaussian_mechanism``: clip ``x`` to norm ``C = clip_norm``, add ``N(0, sigma_dp^2 I_d)`` with ``sigma_dp``
@@ -56,7 +67,12 @@ class NoiseConfig:
     sigma: float = 1.0
     """Standard-deviation multiplier of ``gaussian`` noise."""
     scaling: NoiseScaling = "true_length"
-    """``true_length``, ``padded_length`` or ``absolute``; used by ``uniform`` and ``gaussian``."""
+    """``true_length``, ``padded_length``, ``absolute`` or ``embedding_distance``; used by uniform and gaussian."""
+    distance_multiple: float = 1.0
+    """embedding_distance scaling: the per-token noise norm as a multiple of ``embedding_distance``."""
+    embedding_distance: float | None = None
+    """embedding_distance scaling: the vocabulary's median nearest-neighbour distance, measured once from the model's
+    embedding table (``privacy.embedding_distance.calibrate_noise_to_embeddings``)."""
     eta: float = 100.0
     """metric_dp privacy parameter: larger is less noise (``E|z| = d / eta``), per-token epsilon ``eta * 2C``."""
     clip_norm: float | None = None
@@ -101,6 +117,7 @@ class NoiseConfig:
         check_number(_FIELD + "eta", self.eta, minimum=0.0, inclusive=False)
         check_number(_FIELD + "delta", self.delta, minimum=0.0, maximum=1.0, inclusive=False)
         check_number(_FIELD + "min_factor", self.min_factor, minimum=0.0, maximum=1.0)
+        self._check_embedding_distance()
         if self.clip_norm is not None:
             check_number(_FIELD + "clip_norm", self.clip_norm, minimum=0.0, inclusive=False, optional=True)
         if self.epsilon is not None:
@@ -108,6 +125,11 @@ class NoiseConfig:
         check_int(_FIELD + "seed", self.seed, maximum=2**32 - 1)
         check_int(_FIELD + "warmup_steps", self.warmup_steps)
         check_int(_FIELD + "decay_steps", self.decay_steps)
+        if not isinstance(self.special_token_ids, (list, tuple)):
+            raise ValueError(
+                f"NoiseConfig.special_token_ids={self.special_token_ids!r} is invalid: expected a list of integer "
+                "token ids >= 0, e.g. [0, 2]."
+            )
         self.special_token_ids = list(self.special_token_ids)
         for token_id in self.special_token_ids:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
@@ -129,6 +151,18 @@ class NoiseConfig:
                 f"NoiseConfig.schedule={self.schedule!r} (warmup_steps={self.warmup_steps}) is invalid with "
                 f"mechanism={self.mechanism!r}: a privacy mechanism is calibrated once, so it needs "
                 "schedule='constant' and warmup_steps=0."
+            )
+
+    def _check_embedding_distance(self) -> None:
+        check_number(_FIELD + "distance_multiple", self.distance_multiple, minimum=0.0)
+        if self.embedding_distance is not None:
+            check_number(
+                _FIELD + "embedding_distance", self.embedding_distance, minimum=0.0, inclusive=False, optional=True
+            )
+        if self.scaling == "embedding_distance" and self.mechanism not in LENGTH_SCALED_MECHANISMS:
+            raise ValueError(
+                f"NoiseConfig.scaling='embedding_distance' is invalid with mechanism={self.mechanism!r}: expected "
+                f"mechanism in {', '.join(LENGTH_SCALED_MECHANISMS)} (the others size their noise themselves)."
             )
 
     def _check_privacy_mechanism(self) -> None:
@@ -167,7 +201,10 @@ class NoiseConfig:
 
     @property
     def magnitude(self) -> float:
-        """The mechanism's base magnitude: alpha, sigma, 1/eta, sigma_dp, quantization_step or relative_scale."""
+        """The mechanism's base magnitude: alpha, sigma, 1/eta, sigma_dp, quantization_step or relative_scale
+        (distance_multiple for uniform and gaussian under ``embedding_distance`` scaling)."""
+        if self.scaling == "embedding_distance" and self.mechanism in LENGTH_SCALED_MECHANISMS:
+            return float(self.distance_multiple)
         if self.mechanism == "uniform":
             return float(self.alpha)
         if self.mechanism == "gaussian":

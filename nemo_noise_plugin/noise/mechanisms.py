@@ -37,8 +37,27 @@ def selected_tokens(config: NoiseConfig, geometry: TokenGeometry, input_ids: tor
     return selected
 
 
+UNIT_NOISE_RMS = {"uniform": 1.0 / math.sqrt(3.0), "gaussian": 1.0}
+"""Per-element standard deviation of the unit noise of each length-scaled mechanism: U(-1, 1) and N(0, 1)."""
+
+
+def embedding_distance_scale(config: NoiseConfig, hidden_size: int) -> float:
+    """``embedding_distance`` scaling: ``c = D / (sqrt(d) * rms(unit))`` with ``D`` the median nearest-neighbour
+    distance, so that ``distance_multiple * c * unit`` has RMS norm ``distance_multiple * D`` (uniform or gaussian)."""
+    if config.embedding_distance is None:
+        raise ValueError(
+            "NoiseConfig.embedding_distance=None is invalid with scaling='embedding_distance': expected the "
+            "vocabulary's median nearest-neighbour distance > 0; measure it once from the model's embedding table "
+            "with nemo_noise_plugin.privacy.embedding_distance.calibrate_noise_to_embeddings(config, table)."
+        )
+    return float(config.embedding_distance) / (math.sqrt(hidden_size) * UNIT_NOISE_RMS[config.mechanism])
+
+
 def length_scale(config: NoiseConfig, geometry: TokenGeometry, hidden_size: int) -> torch.Tensor:
-    """``[s, b]`` NEFTune factor ``1/sqrt(L*d)`` (true or padded ``L``) or 1 for absolute scaling."""
+    """``[s, b]`` NEFTune factor ``1/sqrt(L*d)`` (true or padded ``L``), 1 for absolute scaling, or the
+    ``embedding_distance`` factor."""
+    if config.scaling == "embedding_distance":
+        return torch.full_like(geometry.lengths, embedding_distance_scale(config, hidden_size))
     if config.scaling == "absolute":
         return torch.ones_like(geometry.lengths)
     if config.scaling == "padded_length":

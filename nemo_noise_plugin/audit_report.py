@@ -1,0 +1,344 @@
+"""The privacy-audit report on a real model: its embedding table, held-out text, task loss and LM prior.
+
+``privacy.audit`` attacks a table; this module supplies what needs a model: ``tiny_target`` (a randomly initialised
+tiny Megatron-Core GPT on the CPU, offline, with the held-out loss measured like ``robustness.robustness_curve``:
+a frozen copy made noisy, in eval mode) and ``smollm2_target`` (the real SmolLM2-135M-Instruct table, read from its
+safetensors, with transformers' model on the CPU for the held-out loss, noise added to ``inputs_embeds`` by the
+plugin's noise layer, and for the LM prior). ``run_audit_report`` is what ``nemo noise audit`` runs;
+``PrivacyAuditCallback`` audits the current embedding table of a training run (Megatron-Bridge callback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.corpus import CORPUS_VOCAB_SIZE, END_OF_DOCUMENT, corpus_documents, load_corpus_tokens
+from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.privacy.audit import audit
+from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
+from nemo_noise_plugin.privacy.audit.sweep import TaskLoss, audit_sweep, format_sweep, write_sweep_report
+from nemo_noise_plugin.robustness import held_out_batches, logits_of
+
+__all__ = ["MODELS", "AuditTarget", "PrivacyAuditCallback", "run_audit_report", "smollm2_target", "tiny_target"]
+
+MODELS: tuple[str, ...] = ("tiny", "smollm2")
+TINY_AUDIT_MODEL = dict(num_layers=2, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=4)
+"""The offline audit model: a randomly initialised tiny GPT (byte vocabulary of the embedded corpus)."""
+
+
+@dataclass
+class AuditTarget:
+    """What an audit needs from a model: the table, the audited tokens, and optionally task loss and LM prior."""
+
+    name: str
+    table: torch.Tensor
+    token_ids: torch.Tensor
+    """``[b, s]`` audited token ids, right-padded."""
+    padding_mask: torch.Tensor
+    """``[b, s]`` True on padding."""
+    special_ids: list[int]
+    task_loss: TaskLoss | None = None
+    lm_log_probs: LmLogProbs | None = None
+    task_loss_note: str = ""
+
+
+def _padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    length = max(len(sequence) for sequence in sequences)
+    tokens = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    padding = torch.ones(len(sequences), length, dtype=torch.bool)
+    for row, sequence in enumerate(sequences):
+        tokens[row, : len(sequence)] = torch.tensor(list(sequence), dtype=torch.long)
+        padding[row, : len(sequence)] = False
+    return tokens, padding
+
+
+def _take_tokens(sequences: Sequence[Sequence[int]], count: int, max_length: int) -> list[list[int]]:
+    """Sequences (each cut to ``max_length``) in order until they hold ``count`` tokens (the last one cut)."""
+    chosen, total = [], 0
+    for sequence in sequences:
+        piece = list(sequence)[: min(max_length, count - total)]
+        if len(piece) >= 2:
+            chosen.append(piece)
+            total += len(piece)
+        if total >= count:
+            return chosen
+    raise ValueError(f"tokens={count} is invalid: the held-out text has only {total} tokens; expected fewer.")
+
+
+# The tiny Megatron-Core GPT
+
+
+def _tiny_gpt(seed: int) -> torch.nn.Module:
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from nemo_noise_plugin.cpu import init_cpu_parallel
+    from nemo_noise_plugin.recipes.tiny import CUDA_FREE_SETTINGS
+
+    init_cpu_parallel(seed=seed)
+    config = TransformerConfig(
+        **TINY_AUDIT_MODEL, **CUDA_FREE_SETTINGS, use_cpu_initialization=True, params_dtype=torch.float32
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(),
+        vocab_size=CORPUS_VOCAB_SIZE,
+        max_sequence_length=512,
+        position_embedding_type="rope",
+    )
+    return model.eval()
+
+
+def _megatron_batch(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    from nemo_noise_plugin.cpu import causal_attention_mask
+
+    positions = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
+    return {"tokens": tokens, "position_ids": positions, "attention_mask": causal_attention_mask(tokens.size(1))}
+
+
+def _tiny_task_loss(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]]) -> TaskLoss:
+    """Held-out loss with the noise on, in eval mode, as ``robustness_curve`` measures it (frozen noisy copy)."""
+    from nemo_noise_plugin.distillation.teacher import build_clean_teacher
+    from nemo_noise_plugin.model.make_noisy import make_noisy
+
+    def task_loss(config: NoiseConfig) -> float:
+        noisy = make_noisy(build_clean_teacher(model), dataclasses.replace(config, training_only=False)).eval()
+        total = tokens = 0.0
+        with torch.no_grad():
+            for batch in batches:
+                noisy.noise_clock.start_iteration(0)
+                with noisy.noise_batch_inputs(batch["loss_mask"]):
+                    log_probs = logits_of(noisy, batch).float().log_softmax(-1)
+                picked = log_probs.gather(-1, batch["labels"].unsqueeze(-1)).squeeze(-1)
+                total += float(-(picked * batch["loss_mask"]).sum())
+                tokens += float(batch["loss_mask"].sum())
+        return total / tokens
+
+    return task_loss
+
+
+def tiny_target(tokens: int = 2000, max_length: int = 64, task_sequences: int = 16, seed: int = 1234) -> AuditTarget:
+    """A randomly initialised tiny GPT (``TINY_AUDIT_MODEL``, vocabulary 257: bytes + end of document) on the
+    embedded corpus (3,298 byte tokens): the held-out loss uses its last ``task_sequences`` windows of
+    ``max_length + 1`` tokens, the audit consecutive ``max_length`` windows from its start."""
+    model = _tiny_gpt(seed)
+    corpus = load_corpus_tokens()
+    held_out = corpus[corpus.numel() - task_sequences * (max_length + 1) :].view(task_sequences, max_length + 1)
+    available = corpus[: corpus.numel() - held_out.numel()].tolist()
+    windows = [available[start : start + max_length] for start in range(0, len(available), max_length)]
+    token_ids, padding = _padded(_take_tokens(windows, tokens, max_length), END_OF_DOCUMENT)
+    batch = {
+        **_megatron_batch(held_out[:, :-1]),
+        "labels": held_out[:, 1:],
+        "loss_mask": torch.ones(task_sequences, max_length),
+    }
+
+    def lm_log_probs(prefix: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return logits_of(model, _megatron_batch(prefix))[:, -1].float().log_softmax(-1)
+
+    return AuditTarget(
+        name="tiny",
+        table=model.embedding.word_embeddings.weight.detach().float(),
+        token_ids=token_ids,
+        padding_mask=padding,
+        special_ids=[END_OF_DOCUMENT],
+        task_loss=_tiny_task_loss(model, [batch]),
+        lm_log_probs=lm_log_probs,
+        task_loss_note=f"held-out loss of the random tiny GPT on {task_sequences} corpus windows (noise on, eval mode)",
+    )
+
+
+# SmolLM2-135M-Instruct
+
+
+def _chat_texts(tokenizer: Any) -> list[list[int]]:
+    """Token ids of the shipped instruction data (validation split) in the chat template, else the corpus lines."""
+    from importlib import resources
+
+    path = resources.files("nemo_noise_plugin").joinpath("data/instructions/validation.jsonl")
+    if path.is_file():
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in records]
+        return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    return [tokenizer(bytes(doc[:-1]).decode("utf-8", "replace"))["input_ids"] for doc in corpus_documents()]
+
+
+def smollm2_target(tokens: int = 2000, max_length: int = 64, task_sequences: int = 16) -> AuditTarget:
+    """The real SmolLM2-135M-Instruct embedding table ``[49152, 576]`` and chat text; task loss and LM prior from
+    transformers' model on the CPU (the held-out loss over every real next token of ``task_sequences`` held-out
+    chats, the noise added to ``inputs_embeds`` by the plugin's noise layer)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nemo_noise_plugin.pretrained import ensure_smollm2_hf
+    from nemo_noise_plugin.privacy.audit import noised_embeddings
+
+    folder = ensure_smollm2_hf()
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        table = handle.get_tensor("model.embed_tokens.weight").float()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    texts = _chat_texts(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
+    token_ids, padding = _padded(_take_tokens(texts[task_sequences:], tokens, max_length), pad_id)
+    held_ids, held_padding = _padded([text[:max_length] for text in texts[:task_sequences]], pad_id)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+    def task_loss(config: NoiseConfig) -> float:
+        with torch.no_grad():
+            embeds = noised_embeddings(table, held_ids, config, padding_mask=held_padding)
+            logits = model(inputs_embeds=embeds, attention_mask=(~held_padding).long()).logits.float()
+            log_probs = logits[:, :-1].log_softmax(-1).gather(-1, held_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            mask = (~held_padding[:, 1:]).float()
+            return float(-(log_probs * mask).sum() / mask.sum())
+
+    def lm_log_probs(prefix: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model(input_ids=prefix).logits[:, -1].float().log_softmax(-1)
+
+    return AuditTarget(
+        name="smollm2",
+        table=table,
+        token_ids=token_ids,
+        padding_mask=padding,
+        special_ids=list(tokenizer.all_special_ids),
+        task_loss=task_loss,
+        lm_log_probs=lm_log_probs,
+        task_loss_note=(
+            f"held-out next-token loss of SmolLM2-135M-Instruct (transformers, CPU) on {task_sequences} held-out "
+            "chats with the noise on inputs_embeds; exact-match is not measured (the real-model recipe's metric is "
+            "not available yet)"
+        ),
+    )
+
+
+def run_audit_report(
+    model: str,
+    base_config: NoiseConfig,
+    sweeps: Sequence[Any],
+    attacks: Sequence[str],
+    output_dir: str,
+    *,
+    tokens: int = 2000,
+    max_length: int = 64,
+    task_sequences: int = 16,
+    task_loss: bool = True,
+    device: str = "cpu",
+    epochs: int = 1,
+    vocab_chunk: int | None = None,
+    query_chunk: int | None = None,
+    neighbour_sample: int | None = None,
+) -> dict[str, str]:
+    """Build the ``model`` target, run ``audit_sweep`` and write the JSON, table and PNG; print the table."""
+    if model not in MODELS:
+        raise ValueError(f"model={model!r} is invalid: expected one of {', '.join(MODELS)}.")
+    try:
+        maker = tiny_target if model == "tiny" else smollm2_target
+        target = maker(tokens=tokens, max_length=max_length, task_sequences=task_sequences)
+        chunks = {k: v for k, v in dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk).items() if v is not None}
+        report = audit_sweep(
+            target.table.to(device),
+            target.token_ids,
+            base_config,
+            sweeps,
+            attacks,
+            lm_log_probs=target.lm_log_probs if "lm_beam" in attacks else None,
+            task_loss=target.task_loss if task_loss else None,
+            padding_mask=target.padding_mask,
+            special_ids=target.special_ids,
+            epochs=epochs,
+            neighbour_sample=neighbour_sample,
+            metadata={"model": target.name, "task_loss_note": target.task_loss_note if task_loss else "not measured"},
+            **chunks,
+        )
+    finally:
+        if model == "tiny":
+            from nemo_noise_plugin.cpu import destroy_cpu_parallel
+
+            destroy_cpu_parallel()
+    print(format_sweep(report))
+    paths = write_sweep_report(report, output_dir)
+    print("report: " + ", ".join(paths.values()))
+    return paths
+
+
+def _gathered_table(model: Any) -> torch.Tensor:
+    """The whole ``[V, h]`` input embedding table of a model chunk (vocabulary-parallel shards all-gathered)."""
+    from megatron.core import parallel_state
+
+    shard = model.embedding.word_embeddings.weight.detach().float()
+    if not parallel_state.model_parallel_is_initialized():
+        return shard
+    group = parallel_state.get_tensor_model_parallel_group()
+    if torch.distributed.get_world_size(group) == 1:
+        return shard
+    parts = [torch.empty_like(shard) for _ in range(torch.distributed.get_world_size(group))]
+    torch.distributed.all_gather(parts, shard.contiguous(), group=group)
+    return torch.cat(parts)
+
+
+class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").Callback):
+    """Bridge callback: audits the current embedding table with the run's ``NoiseConfig`` on held-out tokens.
+
+    Runs at the end of each evaluation (``on_eval_end``) and, with ``every_steps``, after every that many training
+    steps; on the first pipeline stage only (the one holding the input embedding). The noise is the one training
+    adds at that iteration. Rank 0 prints the recovery rates and appends one JSON line per audit to
+    ``output_dir/privacy_audit.jsonl``; ``self.history`` keeps them.
+    """
+
+    def __init__(
+        self,
+        noise: NoiseConfig,
+        output_dir: str,
+        *,
+        every_steps: int | None = None,
+        held_out_batches: int = 2,
+        attacks: Sequence[str] = ("nn_l2", "nn_cosine"),
+    ) -> None:
+        if every_steps is not None and (
+            isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
+        ):
+            raise ValueError(f"every_steps={every_steps!r} is invalid: expected an integer >= 1 or None.")
+        self.noise, self.output_dir, self.every_steps = noise, output_dir, every_steps
+        self.held_out_count, self.attacks = held_out_batches, tuple(attacks)
+        self.batches: list[dict[str, torch.Tensor]] | None = None
+        self.history: list[dict[str, Any]] = []
+
+    def _audit(self, context: Any) -> None:
+        from megatron.core.utils import unwrap_model
+
+        model = unwrap_model(context.model[0])
+        if getattr(model, "embedding", None) is None:
+            return  # not the first pipeline stage
+        table = _gathered_table(model)
+        if self.batches is None:
+            self.batches = held_out_batches(context.state.cfg, self.held_out_count, table.device)
+        tokens = torch.cat([batch["tokens"] for batch in self.batches])
+        loss_mask = torch.cat([batch["loss_mask"] for batch in self.batches])
+        step = int(context.state.train_state.step)
+        report = audit(table, tokens, self.noise, self.attacks, iteration=step, loss_mask=loss_mask)
+        entry = {"step": step, **report}
+        self.history.append(entry)
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        rates = ", ".join(f"{name} {100 * r['overall']['rate']:.1f}%" for name, r in report["attacks"].items())
+        print(f"privacy audit at step {step}: {report['tokens']['real']} tokens recovered: {rates}")
+        os.makedirs(self.output_dir, exist_ok=True)
+        with open(os.path.join(self.output_dir, "privacy_audit.jsonl"), "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+    def on_eval_end(self, context: Any) -> None:
+        self._audit(context)
+
+    def on_train_step_end(self, context: Any) -> None:
+        if self.every_steps and context.state.train_state.step % self.every_steps == 0:
+            self._audit(context)

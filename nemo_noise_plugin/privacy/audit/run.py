@@ -1,0 +1,132 @@
+"""The audit run: the exact noised embeddings of some tokens, the chosen attacks on them, and their recovery report."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.privacy.audit.attacks import direction_attack, nearest_neighbour_attack
+from nemo_noise_plugin.privacy.audit.beam import LmLogProbs, lm_beam_attack
+from nemo_noise_plugin.privacy.audit.checks import check_choice
+from nemo_noise_plugin.privacy.audit.noised import noised_embeddings, real_tokens
+from nemo_noise_plugin.privacy.audit.search import (
+    DEFAULT_QUERY_CHUNK,
+    DEFAULT_VOCAB_CHUNK,
+    median_nearest_neighbour_distance,
+)
+from nemo_noise_plugin.privacy.audit.statistics import rare_token_ids, recovery_report
+
+__all__ = ["ATTACKS", "audit", "check_attacks", "clips_embeddings"]
+
+ATTACKS: tuple[str, ...] = ("nn_l2", "nn_cosine", "direction", "lm_beam")
+
+
+def clips_embeddings(config: NoiseConfig) -> bool:
+    """True when the mechanism clips embeddings to ``clip_norm`` (gaussian_mechanism, metric_dp with a clip)."""
+    return config.mechanism in ("gaussian_mechanism", "metric_dp") and config.clip_norm is not None
+
+
+@torch.no_grad()
+def audit(
+    table: torch.Tensor,
+    token_ids: torch.Tensor,
+    noise_config: NoiseConfig,
+    attacks: Sequence[str] = ("nn_l2", "nn_cosine"),
+    lm_log_probs: LmLogProbs | None = None,
+    *,
+    iteration: int = 0,
+    loss_mask: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
+    rare_ids: Sequence[int] | None = None,
+    rare_quantile: float = 0.1,
+    special_ids: Sequence[int] | None = None,
+    confidence: float = 0.95,
+    candidates: int = 8,
+    beam_width: int = 4,
+    lm_weight: float = 1.0,
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+    query_chunk: int = DEFAULT_QUERY_CHUNK,
+    neighbour_distance: float | None = None,
+) -> dict[str, Any]:
+    """Run ``attacks`` on the exact noised embeddings of ``token_ids`` (``[b, s]``) and report (JSON-serialisable).
+
+    ``attacks`` are from ``ATTACKS``: ``nn_l2``, ``nn_cosine`` (``nearest_neighbour_attack``), ``direction``
+    (``direction_attack`` at the config's ``clip_norm``) and ``lm_beam`` (``lm_beam_attack``, needs
+    ``lm_log_probs``). Recovery is counted over the real (non-padding) tokens; ``rare_ids`` default to
+    ``rare_token_ids`` of those tokens at ``rare_quantile``, ``special_ids`` to the config's ``special_token_ids``.
+    The report also has the observed noise norm per noised token (median, mean) and the vocabulary's
+    ``median_nearest_neighbour_distance`` (pass ``neighbour_distance`` when it is already known: a sweep over
+    noise levels computes it once).
+    """
+    attacks = check_attacks(attacks, noise_config, lm_log_probs)
+    noised = noised_embeddings(
+        table, token_ids, noise_config, iteration=iteration, loss_mask=loss_mask, padding_mask=padding_mask
+    )
+    token_ids = token_ids.to(table.device)
+    real, _ = real_tokens(noise_config, noised, loss_mask, padding_mask)
+    true_ids = token_ids[real]
+    search = dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk)
+    predictions: dict[str, Callable[[], torch.Tensor]] = {
+        "nn_l2": lambda: nearest_neighbour_attack(noised[real], table, "l2", **search).ids,
+        "nn_cosine": lambda: nearest_neighbour_attack(noised[real], table, "cosine", **search).ids,
+        "direction": lambda: direction_attack(noised[real], table, noise_config.clip_norm, **search).ids,
+        "lm_beam": lambda: lm_beam_attack(
+            noised,
+            table,
+            noise_config,
+            lm_log_probs,
+            iteration=iteration,
+            loss_mask=loss_mask,
+            padding_mask=padding_mask,
+            candidates=candidates,
+            beam_width=beam_width,
+            lm_weight=lm_weight,
+            **search,
+        )[real],
+    }
+    rare = list(rare_ids) if rare_ids is not None else rare_token_ids(true_ids, quantile=rare_quantile)
+    special = list(special_ids) if special_ids is not None else noise_config.special_token_ids
+    noise_norm = (noised[real] - table[true_ids].float()).norm(dim=-1)
+    if neighbour_distance is None:
+        neighbour_distance = median_nearest_neighbour_distance(table, **search)
+    return {
+        "noise_config": dataclasses.asdict(noise_config),
+        "iteration": iteration,
+        "tokens": {"real": int(real.sum()), "rare_ids": len(rare), "special_ids": len(special)},
+        "noise_norm": _noise_norm_summary(noise_norm),
+        "median_nearest_neighbour_distance": neighbour_distance,
+        "attacks": {
+            name: recovery_report(
+                true_ids, predictions[name](), rare_ids=rare, special_ids=special, confidence=confidence
+            )
+            for name in attacks
+        },
+    }
+
+
+def _noise_norm_summary(norms: torch.Tensor) -> dict[str, Any]:
+    """Median and mean noise norm over the tokens that got noise (non-zero), and how many did."""
+    noised = norms[norms > 0]
+    if noised.numel() == 0:
+        return {"noised_tokens": 0, "median": 0.0, "mean": 0.0}
+    return {"noised_tokens": noised.numel(), "median": float(noised.median()), "mean": float(noised.mean())}
+
+
+def check_attacks(attacks: Sequence[str], config: NoiseConfig, lm_log_probs: LmLogProbs | None) -> tuple[str, ...]:
+    if isinstance(attacks, str) or not attacks:
+        raise ValueError(f"attacks={attacks!r} is invalid: expected a non-empty list from {', '.join(ATTACKS)}.")
+    for attack in attacks:
+        check_choice("attacks", attack, ATTACKS)
+    if "lm_beam" in attacks and lm_log_probs is None:
+        raise ValueError("attacks includes 'lm_beam' but lm_log_probs=None: expected a callable prefix -> log-probs.")
+    if "direction" in attacks and not clips_embeddings(config):
+        raise ValueError(
+            f"attacks includes 'direction' but the noise config (mechanism={config.mechanism!r}, "
+            f"clip_norm={config.clip_norm!r}) does not clip: "
+            "expected a clipped mechanism (gaussian_mechanism, or metric_dp with clip_norm)."
+        )
+    return tuple(attacks)
