@@ -274,7 +274,7 @@ def test_nemo_context_errors_are_run_context_errors(cli_llm, monkeypatch):
         (dict(dryrun=True), [], f"--factory is required; available: {ALL_FACTORIES}"),
         (dict(factory="tiny_noise_sft", dryrun=True), ["model.noise.alpah=1"], "model.noise.alpah is not a field"),
         (dict(factory="tiny_noise_sft", dryrun=True), ["--yaml", "a.yaml"], "unknown option '--yaml'"),
-        (dict(factory="tiny_noise_sft"), ["executor=local"], "runs in-process; launch it with torchrun"),
+        (dict(factory="tiny_noise_sft"), ["executor=nope"], "executor='nope' is not a known executor"),
         (dict(factory="llama32_1b_noise_sft", skip_confirmation=True), [], GPU_REQUIRED_MESSAGE),
     ]
     for options, args, message in cases:
@@ -404,4 +404,5 @@ def test_nemo_llm_finetune_of_a_tiny_recipe_without_cuda_runs_the_cpu_loop_and_r
     assert [int(step) for step, _, _ in progress] == [1, 2, 3]
     run_dir = tmp_path / "nemo_experiments" / "tiny_noise_sft"
     assert "robustness report" in result.stdout
-    assert (run_dir / "robustness.json").is_file() and (run_dir / "robustness.png").stat().st_size > 10_000
+    latest = run_dir / "reports" / "latest"
+    assert (latest / "robustness.json").is_file() and (latest / "robustness.png").stat().st_size > 10_000

@@ -15,9 +15,15 @@ command has exactly the options that work here (``--factory/-f``, ``--config-fil
 factories of ``finetune`` (lazy: the recipe module is imported when the factory is called) and ``--factory`` resolves
 through NeMo-Run's registry, so other packages can add factories with ``run.cli.factory(target=finetune)``. The
 trailing ``key=value`` arguments do not go through NeMo-Run's parser (which edits ``run.Config`` objects, where
-``+=`` means "add to"): ``FinetuneRunContext`` hands them to Megatron-Bridge's Hydra override path. The function
-then runs in-process with no executor; NeMo-Run's confirmation (``Continue?``) is skipped with ``-y`` or under
-torchrun (``WORLD_SIZE`` > 1).
+``+=`` means "add to"): ``FinetuneRunContext`` hands them to Megatron-Bridge's Hydra override path. Without
+``executor=`` the function runs in-process; NeMo-Run's confirmation (``Continue?``) is skipped with ``-y`` or under
+torchrun (``WORLD_SIZE`` > 1). With ``executor=local|slurm|slurm_ssh`` (factories registered for this run context,
+``executor.KEY=VALUE`` settings) ``training.executors.launch_finetune`` checks everything it can, then runs a
+``run.Partial`` of ``finetune`` in a NeMo-Run experiment on that executor (``--dryrun``: the torchrun command or
+sbatch script it would launch)::
+
+    nemo llm finetune -f tiny_noise_sft executor=local executor.ntasks_per_node=8 -y
+    nemo llm finetune -f llama31_8b_noise_distillation executor=slurm executor.nodes=2 executor.account=acct --dryrun
 
 With NeMo 2 installed (``nemo.collections.llm`` importable) this module does not shadow its ``llm finetune``: the
 plugin's command moves to ``nemo noise finetune``, and each recipe is also registered as a factory of NeMo 2's
@@ -36,7 +42,9 @@ import nemo_run as run
 import typer
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, _is_torchrun
 
+from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.recipes import RECIPES, recipe_function
+from nemo_noise_plugin.training.executors import EXECUTOR_FACTORIES, build_executor, launch_finetune
 from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune, unknown_factory
 from nemo_noise_plugin.training.launch import GPUUnavailableError
 
@@ -46,7 +54,9 @@ __all__ = [
     "finetune",
     "nemo2_llm_finetune",
     "register_recipe",
+    "registered_executors",
     "registered_factories",
+    "split_executor_arguments",
 ]
 
 
@@ -57,6 +67,7 @@ def finetune(
     dryrun: bool = False,
     to_yaml: Optional[str] = None,  # noqa: UP045
     confirm: Optional[Callable[[], bool]] = None,  # noqa: UP045
+    run_dir: Optional[str] = None,  # noqa: UP045
 ) -> None:
     """Noise fine-tuning / noisy-student distillation with a plugin recipe on Megatron-Bridge's training loop.
 
@@ -65,6 +76,8 @@ def finetune(
     (Megatron-Bridge's override path). --dryrun prints what would run and --to-yaml PATH writes the
     resolved config ('-': standard output); neither touches CUDA. Otherwise Bridge trains (pretrain, or finetune
     when checkpoint.pretrained_checkpoint is set) with the plugin's forward step. Add -y to skip the confirmation.
+    executor=local|slurm|slurm_ssh executor.KEY=VALUE launches it through a NeMo-Run executor instead of
+    in-process (--dryrun then prints the torchrun command or sbatch script); run_dir is set for such a task.
     """
     run_finetune(
         lambda: _resolve_factory(factory),
@@ -74,6 +87,7 @@ def finetune(
         dryrun=dryrun,
         to_yaml=to_yaml,
         confirm=confirm,
+        run_dir=run_dir,
     )
 
 
@@ -120,12 +134,14 @@ def register_recipe(name: str, path: str, target: Callable = finetune) -> None:
 
 
 class FinetuneRunContext(RunContext):
-    """NeMo-Run's run context for ``finetune``: in-process, overrides through Megatron-Bridge, no executor.
+    """NeMo-Run's run context for ``finetune``: in-process, or through an executor; overrides through Bridge.
 
     ``cli_command`` builds the command with only the options that work here (NeMo-Run's generic command also offers
     ``--load``, ``--yaml``, ``--repl``, ... and gives ``-y`` to both ``--yaml`` and ``--yes``). ``cli_execute``
-    receives the remaining arguments (the overrides) and calls the entrypoint function itself instead of resolving
-    a ``run.Partial``.
+    receives the remaining arguments: ``executor=NAME`` and ``executor.KEY=VALUE`` pick and configure a NeMo-Run
+    executor (factories registered for this context: ``local``, ``slurm``, ``slurm_ssh``, or any registered under
+    NeMo-Run's ``Executor`` types); the rest are Bridge overrides. Without an executor it calls the entrypoint
+    function itself; with one, ``training.executors.launch_finetune`` runs a ``run.Partial`` of it.
     """
 
     config_file: Optional[str] = None  # noqa: UP045
@@ -157,15 +173,18 @@ class FinetuneRunContext(RunContext):
                 None, "--to-yaml", help="Write the resolved config as YAML ('-': standard output) and stop"
             ),
             skip_confirmation: bool = typer.Option(False, "--yes", "-y", help="Skip the confirmation"),
-            verbose: bool = typer.Option(False, "--verbose", "-v", help="Show full tracebacks"),
+            detach: bool = typer.Option(False, "--detach", help="With executor=slurm: submit and return"),
+            verbose: bool = typer.Option(False, "--verbose", "-v", help="Show third-party warnings, full tracebacks"),
             ctx: typer.Context = typer.Context,
         ) -> None:
+            quiet_third_party(verbose)
             self = cls(
                 name=name,
                 factory=factory or default_factory,
                 dryrun=dryrun,
                 skip_confirmation=skip_confirmation,
                 to_yaml=to_yaml,
+                detach=detach,
             )
             self.config_file = config_file
             try:
@@ -181,15 +200,25 @@ class FinetuneRunContext(RunContext):
     def cli_execute(self, fn: Callable, args: list[str], entrypoint_type: str = "task") -> None:
         if not self.factory:
             raise RunContextError(f"--factory is required; available: {', '.join(registered_factories())}.")
-        executor_args = [arg for arg in args if arg.split("=", 1)[0].split(".", 1)[0] in ("executor", "plugins")]
-        if executor_args:
-            raise RunContextError(
-                f"{executor_args[0]!r}: `{self.name}` runs in-process; launch it with torchrun for several GPUs."
-            )
+        executor_name, executor_settings, overrides = split_executor_arguments(args)
         try:
+            if executor_name is not None and self.to_yaml is None:
+                executor = self._executor(executor_name, executor_settings)
+                launch_finetune(
+                    fn,
+                    lambda: _resolve_factory(self.factory),
+                    self.factory,
+                    overrides,
+                    executor,
+                    config_file=self.config_file,
+                    dryrun=self.dryrun,
+                    detach=self.detach,
+                    confirm=self._confirm,
+                )
+                return
             fn(
                 factory=self.factory,
-                overrides=list(args),
+                overrides=overrides,
                 config_file=self.config_file,
                 dryrun=self.dryrun,
                 to_yaml=self.to_yaml,
@@ -198,11 +227,60 @@ class FinetuneRunContext(RunContext):
         except (FinetuneError, GPUUnavailableError) as error:
             raise RunContextError(str(error)) from error
 
+    def _executor(self, name: str, settings: list[str]) -> Any:
+        """``executor=name`` resolved through NeMo-Run's factory registry, then ``executor.KEY=VALUE`` applied."""
+        from nemo_run.cli.cli_parser import parse_factory
+        from nemo_run.core.execution.base import Executor
+
+        try:
+            config = parse_factory(type(self), "executor", Executor, name)
+        except ValueError:
+            raise FinetuneError(
+                f"executor={name!r} is not a known executor; available: {', '.join(registered_executors())} "
+                "(or an executor factory registered with NeMo-Run)."
+            ) from None
+        if isinstance(config, Executor):
+            config = config.to_config()
+        return build_executor(config, name, settings)
+
     def _confirm(self) -> bool:
         """NeMo-Run's ``Continue?`` (skipped with ``-y`` or under torchrun); without a terminal, ask for ``-y``."""
         if not (self.skip_confirmation or _is_torchrun() or sys.stdin.isatty()):
             raise RunContextError(f"`{self.name}` asks for confirmation; pass -y (--yes) to run without a terminal.")
         return self._should_continue(self.skip_confirmation)
+
+
+def split_executor_arguments(args: list[str]) -> tuple[Optional[str], list[str], list[str]]:  # noqa: UP045
+    """``(executor name, its KEY=VALUE settings, the Bridge overrides)`` from the trailing arguments.
+
+    ``executor.KEY=VALUE`` without ``executor=NAME``, and NeMo-Run's ``plugins=``, are errors naming the argument.
+    """
+    name, settings, overrides = None, [], []
+    for arg in args:
+        if arg.startswith("executor="):
+            name = arg.split("=", 1)[1]
+        elif arg.startswith("executor."):
+            settings.append(arg[len("executor.") :])
+        elif arg.startswith(("plugins=", "plugins.")):
+            raise RunContextError(f"{arg!r}: NeMo-Run plugins are not supported by `finetune`; use executor.KEY=VALUE.")
+        else:
+            overrides.append(arg)
+    if settings and name is None:
+        raise RunContextError(
+            f"'executor.{settings[0]}' needs an executor: add executor=NAME ({', '.join(registered_executors())})."
+        )
+    if name is not None and not name:
+        raise RunContextError(f"executor= needs a name: {', '.join(registered_executors())}.")
+    return name, settings, overrides
+
+
+def registered_executors() -> list[str]:
+    """The ``executor=`` names registered for ``finetune``'s run context (the plugin's and any added elsewhere)."""
+    import catalogue
+    from nemo_run.config import get_type_namespace
+
+    namespace = f"{get_type_namespace(FinetuneRunContext)}.executor"
+    return sorted(key[-1] for key in catalogue._get_all((namespace,)))
 
 
 class FinetuneEntrypoint(Entrypoint):
@@ -217,6 +295,10 @@ class FinetuneEntrypoint(Entrypoint):
         console.print(
             "Overrides (Megatron-Bridge's Hydra syntax): key=value sets a field (model.noise.alpha=10), "
             "+key=value adds a key (+env_vars.NCCL_DEBUG=INFO), ~key deletes one."
+        )
+        console.print(
+            f"Executors (NeMo-Run): executor=NAME executor.KEY=VALUE, NAME one of {', '.join(registered_executors())}"
+            " (e.g. executor=local executor.ntasks_per_node=8); without one the run is in-process."
         )
 
 
@@ -257,6 +339,8 @@ run.cli.entrypoint(
     run_ctx_cls=FinetuneRunContext,
     entrypoint_cls=FinetuneEntrypoint,
 )(finetune)
+for _name, _executor_factory in EXECUTOR_FACTORIES.items():
+    run.cli.factory(_executor_factory, target=FinetuneRunContext, target_arg="executor", name=_name)
 for _name, _recipe in RECIPES.items():
     register_recipe(_name, _recipe.path)
     if _NEMO2_FINETUNE is not None:

@@ -76,15 +76,20 @@ def build_config(recipe: Callable[[], Any], factory: str) -> Any:
 def apply_overrides(config: Any, overrides: Sequence[str], config_file: str | None = None) -> Any:
     """``training.overrides.apply_overrides`` (YAML file, then Bridge's Hydra path, plugin settings re-validated),
     raising ``FinetuneError``."""
-    from nemo_noise_plugin.training.overrides import ConfigOverrideError, apply_overrides
+    from nemo_noise_plugin.training.overrides import ConfigOverrideError, apply_overrides, validate_plugin_settings
 
     for override in overrides:
         if override.startswith("-"):
             raise FinetuneError(f"unknown option {override!r}; overrides look like key=value, +key=value or ~key.")
     try:
-        return apply_overrides(config, list(overrides), config_filepath=config_file)
+        config = apply_overrides(config, list(overrides), config_filepath=config_file)
     except ConfigOverrideError as error:
         raise FinetuneError(f"invalid {'--config-file or ' if config_file else ''}override: {error}") from error
+    try:
+        validate_plugin_settings(config)
+    except ConfigOverrideError as error:
+        raise FinetuneError(f"invalid config: {error}") from error
+    return config
 
 
 def _qualname(obj: Any) -> str:
@@ -145,6 +150,7 @@ def run_finetune(
     to_yaml: str | None = None,
     confirm: Callable[[], bool] | None = None,
     print_fn: Callable[[str], None] = print,
+    run_dir: str | None = None,
 ) -> Any:
     """Resolve ``recipe`` + ``overrides``; then export YAML / describe (dry run) or launch Bridge's training.
 
@@ -157,6 +163,8 @@ def run_finetune(
         to_yaml: write the resolved config to this path (``-``: standard output) and stop.
         confirm: asked after the description, before a real run; False stops (NeMo-Run's ``Continue?``).
         print_fn: where the description goes (rank 0 only under torchrun).
+        run_dir: a NeMo-Run job directory (set by ``training.executors``): a real run writes the resolved
+            ``config.yaml`` there (rank 0) and, for recipes on the embedded corpus, the robustness report.
 
     Returns the resolved ConfigContainer. A real run checks for a GPU before it builds anything.
     """
@@ -187,11 +195,15 @@ def run_finetune(
     if confirm is not None and not confirm():
         print_fn("Exiting without training.")
         return config
+    if run_dir is not None and _is_rank_zero():
+        os.makedirs(run_dir, exist_ok=True)
+        config.to_yaml(os.path.join(run_dir, "config.yaml"))
+        print_fn(f"Resolved config written to {os.path.join(run_dir, 'config.yaml')}")
     from nemo_noise_plugin.training.launch import launch, launch_with_report
     from nemo_noise_plugin.training.progress import ProgressLine
 
     if embedded_corpus:  # the main job's run: Bridge's loop on a GPU, else the CPU loop; the robustness report
-        launch_with_report(config, output_dir=_report_dir(config), label=f"factory {factory}")
+        launch_with_report(config, output_dir=run_dir or _report_dir(config), label=f"factory {factory}")
     else:
         launch(config, callbacks=[ProgressLine()])
     return config

@@ -1,0 +1,294 @@
+"""``nemo llm finetune ... executor=local|slurm``: launches through NeMo-Run's executors (its real packaging, dry run,
+torchx local scheduler and torchrun), checked before anything starts.
+
+The dry runs print what NeMo-Run would launch (the sbatch script, the torchrun command) and touch no GPU or
+cluster; the local executor really starts torchrun processes here (gloo on the CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import nemo_run as run
+import pytest
+import torch
+import yaml
+from nemo_run.config import get_nemorun_home, set_nemorun_home
+from nemo_run.core.execution.launcher import Torchrun
+
+from nemo_noise_plugin.training.executors import (
+    ExecutorSettingError,
+    build_executor,
+    check_executor,
+    local_executor,
+    run_on_executor,
+    slurm_executor,
+)
+from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+NEMO = pathlib.Path(sys.executable).with_name("nemo")
+LLAMA31_8B_HUB_ID = "meta-llama/Meta-Llama-3.1-8B"  # what Bridge's llama31_8b SFT recipe reads
+IMAGE = "nvcr.io/nvidia/nemo:25.11"
+
+
+@pytest.fixture
+def nemorun_home(tmp_path):
+    """NeMo-Run's home (experiment folders) in a temporary directory."""
+    previous = get_nemorun_home()
+    home = tmp_path / "nemo_run_home"
+    set_nemorun_home(str(home))
+    yield home
+    set_nemorun_home(previous)
+
+
+@pytest.fixture(scope="module")
+def cli_llm():
+    from nemo_noise_plugin.cli import nemo_llm
+
+    return nemo_llm
+
+
+def _execute(cli_llm, args, **options):
+    context = cli_llm.FinetuneRunContext(name="finetune", **options)
+    context.cli_execute(cli_llm.finetune, list(args))
+
+
+def _experiment_folders(home: pathlib.Path) -> list[pathlib.Path]:
+    return sorted((home / "experiments").glob("*/*")) if (home / "experiments").exists() else []
+
+
+@pytest.fixture
+def offline_hub_with_llama_config(tmp_path, monkeypatch, smollm2_hf_dir):  # noqa: F811
+    """An offline Hugging Face cache whose ``meta-llama/Meta-Llama-3.1-8B`` config is SmolLM2's (a Llama config).
+
+    This machine cannot reach the hub; the launch does not depend on the model's size, only on the recipe's layout
+    (Bridge's llama31_8b SFT recipe: TP=2), which comes from the recipe, not from the HF config.
+    """
+    hub = tmp_path / "hf" / "hub"
+    snapshot = hub / f"models--{LLAMA31_8B_HUB_ID.replace('/', '--')}" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text((smollm2_hf_dir / "config.json").read_text())
+    (hub / f"models--{LLAMA31_8B_HUB_ID.replace('/', '--')}" / "refs").mkdir()
+    (hub / f"models--{LLAMA31_8B_HUB_ID.replace('/', '--')}" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(hub))
+    return hub
+
+
+# --- dry runs -------------------------------------------------------------------------------------------------------
+
+
+def test_slurm_dry_run_of_llama31_8b_distillation_on_two_nodes_of_eight_gpus(
+    cli_llm, nemorun_home, offline_hub_with_llama_config, capsys, monkeypatch
+):
+    monkeypatch.setattr(sys, "stdin", open(os.devnull))  # NeMo-Run's local tunnel hands stdin to its subprocesses
+    args = [
+        "executor=slurm",
+        "executor.nodes=2",
+        "executor.account=noise-acct",
+        "executor.partition=batch",
+        f"executor.container_image={IMAGE}",
+        "executor.env_vars.NCCL_DEBUG=INFO",
+        "model.noise.alpha=10",
+        "model.kd.temperature=2",
+        "checkpoint.pretrained_checkpoint=/ckpt/llama31_8b",
+    ]
+    _execute(cli_llm, args, factory="llama31_8b_noise_distillation", dryrun=True)
+    out = capsys.readouterr().out
+    summary, _, script = out.partition("#SBATCH")
+    # resolved on the launching side: Bridge's layout, the plugin's settings, the task every rank runs
+    assert "executor      SlurmExecutor on @localhost: 2 node(s) x 8 rank(s)" in summary
+    assert "NoisyDistillationProvider" in summary and "TP=2, PP=1" in summary
+    assert "alpha=10.0" in summary and "temperature=2.0" in summary
+    assert "entry         megatron.bridge.training.finetune.finetune" in summary
+    assert (
+        "nemo_noise_plugin.cli.nemo_llm.finetune(factory='llama31_8b_noise_distillation', overrides=["
+        "'model.noise.alpha=10', 'model.kd.temperature=2', 'checkpoint.pretrained_checkpoint=/ckpt/llama31_8b']"
+    ) in summary
+    sbatch = {key: value for key, _, value in (line.partition("=") for line in out.splitlines() if "=" in line)}
+    assert sbatch["#SBATCH --nodes"] == "2"
+    assert sbatch["#SBATCH --ntasks-per-node"] == "1"  # one torchrun per node ...
+    assert sbatch["#SBATCH --gpus-per-node"] == "8"
+    assert sbatch["#SBATCH --account"] == "noise-acct" and sbatch["#SBATCH --partition"] == "batch"
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert f"--container-image {IMAGE}" in srun and ":/nemo_run --container-workdir /nemo_run/code" in srun
+    # ... which starts 8 ranks on each of the 2 nodes, rendezvous on the head node
+    assert "torchrun --rdzv-backend c10d --rdzv-endpoint $head_node_ip:29500" in srun
+    assert "--nnodes 2 --nproc-per-node 8 --node-rank $SLURM_NODEID" in srun
+    assert srun.endswith(
+        "-m nemo_run.core.runners.fdl_runner -n llama31_8b_noise_distillation "
+        "/nemo_run/configs/llama31_8b_noise_distillation_fn_or_script"
+    )
+    exports = {line.removeprefix("export ") for line in script.splitlines() if line.startswith("export ")}
+    assert {"NCCL_DEBUG=INFO", "TORCH_NCCL_AVOID_RECORD_STREAMS=1", "NCCL_NVLS_ENABLE=0"} <= exports
+    assert _experiment_folders(nemorun_home) == []  # the dry run's folder is removed; nothing was submitted
+    assert not torch.cuda.is_initialized()
+
+
+def test_a_recipe_that_cannot_be_built_here_is_resolved_by_each_rank(cli_llm, nemorun_home, capsys):
+    factory = "tests.support.executor_tasks.recipe_needing_the_hub"
+    _execute(cli_llm, ["executor=local", "model.noise.alpha=3"], factory=factory, dryrun=True)
+    out = capsys.readouterr().out
+    assert "resolved by each rank: the recipe cannot be built here (OSError: huggingface.co unreachable)" in out
+    (command,) = [line for line in out.splitlines() if line.strip().startswith("command ")]
+    assert command.split()[1:6] == ["torchrun", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+    assert "--nnodes 1 --nproc-per-node 1" in command
+    name = "tests_support_executor_tasks_recipe_needing_the_hub"
+    assert f"-m nemo_run.core.runners.fdl_runner -n {name} {nemorun_home}/experiments/{name}/" in command
+    assert command.endswith(f"/{name}/configs/{name}_fn_or_script")
+
+
+def test_nemo_llm_finetune_dry_run_with_a_local_executor_prints_the_torchrun_command(tmp_path):
+    env = {**os.environ, "COLUMNS": "200", "NEMORUN_HOME": str(tmp_path / "home")}
+    result = subprocess.run(
+        [str(NEMO), "llm", "finetune", "-f", "tiny_noise_sft", "--dryrun", "executor=local", "train.train_iters=3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "executor      LocalExecutor: 1 node(s) x 1 rank(s)" in result.stdout
+    assert "3 iterations" in result.stdout
+    assert "--nnodes 1 --nproc-per-node 1 --node-rank 0 --tee 3 -m nemo_run.core.runners.fdl_runner" in result.stdout
+    assert not (tmp_path / "home" / "experiments").exists() or not list((tmp_path / "home" / "experiments").glob("*/*"))
+
+
+# --- bad executor settings: one clear error, nothing started ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["executor=lokal"], "executor='lokal' is not a known executor; available: local, slurm, slurm_ssh"),
+        (["executor.nodes=2"], "'executor.nodes=2' needs an executor: add executor=NAME (local, slurm, slurm_ssh)"),
+        (
+            ["executor=local", "executor.ntask_per_node=2"],
+            "executor.ntask_per_node is not a setting of LocalExecutor (executor=local); "
+            "did you mean executor.ntasks_per_node?",
+        ),
+        (["executor=local", "executor.ntasks_per_node=two"], "executor.ntasks_per_node='two' is invalid"),
+        (["executor=slurm", "executor.nodes=2"], "executor.account is required for executor=slurm"),
+        (["executor=local", "executor.nodes=2"], "executor.nodes=2 is invalid: executor=local runs on this machine"),
+        (["executor=local", "executor.ntasks_per_node=0"], "executor.ntasks_per_node=0 is invalid: expected a whole"),
+        (["plugins=nsys"], "NeMo-Run plugins are not supported"),
+    ],
+)
+def test_bad_executor_settings_are_one_clear_error_before_anything_starts(cli_llm, nemorun_home, args, message):
+    from nemo_run.cli.api import RunContextError
+
+    with pytest.raises(RunContextError) as error:
+        _execute(cli_llm, args, factory="tiny_noise_sft", skip_confirmation=True)
+    assert message in str(error.value)
+    assert _experiment_folders(nemorun_home) == []
+
+
+def test_ranks_that_do_not_fit_the_model_parallel_layout_are_an_error(cli_llm, nemorun_home):
+    from nemo_run.cli.api import RunContextError
+
+    args = [
+        "executor=slurm",
+        "executor.account=a",
+        "executor.gpus_per_node=3",
+        "executor.ntasks_per_node=3",
+        "model.tensor_model_parallel_size=2",
+    ]
+    with pytest.raises(
+        RunContextError,
+        match=r"1 x 3 ranks per node = 3 ranks is invalid for "
+        r"model\.tensor_model_parallel_size=2 x .*multiple of 2",
+    ):
+        _execute(cli_llm, args, factory="tiny_noise_sft", dryrun=True)
+    assert _experiment_folders(nemorun_home) == []
+
+
+def test_a_bad_override_is_an_error_before_the_executor_starts(cli_llm, nemorun_home):
+    from nemo_run.cli.api import RunContextError
+
+    with pytest.raises(RunContextError, match=r"model\.noise\.alpah is not a field of NoiseConfig"):
+        _execute(cli_llm, ["executor=local", "model.noise.alpah=3"], factory="tiny_noise_sft", skip_confirmation=True)
+    assert _experiment_folders(nemorun_home) == []
+
+
+def test_the_cpu_loop_runs_in_one_process_and_other_recipes_need_a_gpu():
+    executor = build_executor(local_executor(), "local", ["ntasks_per_node=2"])
+    with pytest.raises(ExecutorSettingError, match="no GPU, and the CPU loop runs in one process"):
+        check_executor(executor, cpu_loop=True, gpus_here=0)
+    with pytest.raises(ExecutorSettingError, match="Bridge's training loop needs a GPU"):
+        check_executor(build_executor(local_executor(), "local", []), cpu_loop=False, gpus_here=0)
+    with pytest.raises(ExecutorSettingError, match="this machine has 1 GPU"):
+        check_executor(executor, gpus_here=1)
+
+
+def test_slurm_factory_gives_one_torchrun_rank_per_gpu():
+    executor = build_executor(slurm_executor(), "slurm", ["account=a", "nodes=4", "env_vars.NCCL_DEBUG=WARN"])
+    check_executor(executor)
+    assert isinstance(executor.get_launcher(), Torchrun)
+    assert (executor.nnodes(), executor.nproc_per_node(), executor.ntasks_per_node) == (4, 8, 1)
+    assert executor.env_vars["NCCL_DEBUG"] == "WARN" and executor.container_image is None
+
+
+# --- real launches on this machine -----------------------------------------------------------------------------------
+
+
+@pytest.mark.multiprocess
+def test_local_executor_runs_a_gloo_task_on_two_torchrun_ranks_with_logs_in_the_experiment_folder(
+    nemorun_home, tmp_path, megatron_cpu
+):
+    from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
+    from nemo_noise_plugin.noise.layer import EmbeddingNoise
+    from nemo_noise_plugin.noise.schedule import NoiseClock
+    from tests.support.executor_tasks import NOISE_ITERATION, noise_batch, noisy_model_noise_under_tp
+
+    out = tmp_path / "ranks"
+    out.mkdir()
+    executor = build_executor(local_executor(), "local", ["ntasks_per_node=2", f"env_vars.PYTHONPATH={REPO}"])
+    task = run.Partial(noisy_model_noise_under_tp, out_dir=str(out))
+    job = run_on_executor(task, executor, name="noise_layout", print_fn=lambda _: None)
+
+    first, second = (torch.load(out / f"rank{rank}.pt") for rank in (0, 1))
+    assert (first["world_size"], second["world_size"]) == (2, 2)
+    tokens, loss_mask, _ = noise_batch()
+    clock = NoiseClock(iteration=NOISE_ITERATION)
+    layer = EmbeddingNoise(NoiseConfig(alpha=5.0, seed=99), sequence_parallel=False, pg_collection=None)
+    reference = layer(torch.zeros(16, 4, 64), NoiseBatchInputs(loss_mask=loss_mask, input_ids=tokens), clock)
+    assert torch.equal(first["noise"], second["noise"])  # TP=2 without SP: replicated, identical noise
+    assert torch.equal(first["noise"], reference)  # and the single-process noise
+    job_dir = pathlib.Path(job.executor.job_dir)
+    assert job_dir.is_relative_to(nemorun_home / "experiments" / "noise_layout")
+    logs = "".join(path.read_text() for path in job_dir.rglob("*.log"))
+    assert "rank 0/2: noise (16, 4, 64) written" in logs and "rank 1/2: noise (16, 4, 64) written" in logs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU loop, which runs where CUDA is missing")
+def test_finetune_through_the_local_executor_leaves_config_logs_and_report_in_the_experiment_folder(
+    cli_llm, nemorun_home, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    _execute(
+        cli_llm,
+        ["executor=local", "train.train_iters=2", "model.noise.alpha=7"],
+        factory="tiny_noise_sft",
+        skip_confirmation=True,
+    )
+    assert "Experiment folder:" in capsys.readouterr().out
+    (experiment,) = _experiment_folders(nemorun_home)
+    job_dir = experiment / "tiny_noise_sft"
+    config = yaml.safe_load((job_dir / "config.yaml").read_text())
+    assert (config["train"]["train_iters"], config["model"]["noise"]["alpha"]) == (2, 7.0)
+    (report,) = job_dir.rglob("robustness.json")  # robustness.py puts each report in its own folder
+    assert json.loads(report.read_text()) and report.with_suffix(".png").stat().st_size > 10_000
+    logs = "".join(path.read_text() for path in job_dir.rglob("*.log"))
+    assert "CPU loop (Bridge's training loop needs CUDA)" in logs and "2/2" in logs
+    assert (job_dir / "configs" / "tiny_noise_sft_config.yaml").is_file()  # NeMo-Run's record of the task
