@@ -1,14 +1,16 @@
 """nemo-noise-plugin: embedding-noise training (NEFTune, Gaussian, privacy noise) for Megatron-Core and Bridge.
 
-Importing the package is cheap: the noisy model, which needs megatron-core, is loaded on first access.
+Importing the package is cheap (no torch): the helpers and the noisy model are loaded on first access.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from nemo_noise_plugin.bridge_imports import install_bridge_import_hook
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
-from nemo_noise_plugin.utils import deepcopy_module_with_process_groups, freeze_module, should_attach_noise
+
+install_bridge_import_hook()  # `import megatron.bridge` after this works without Transformer Engine
 
 __version__ = "0.1.0"
 
@@ -25,7 +27,11 @@ __all__ = [
 _LAZY = {
     "NoisyGPTModel": "nemo_noise_plugin.model.gpt",
     "make_noisy": "nemo_noise_plugin.model.make_noisy",
+    "deepcopy_module_with_process_groups": "nemo_noise_plugin.utils",
+    "freeze_module": "nemo_noise_plugin.utils",
+    "should_attach_noise": "nemo_noise_plugin.utils",
 }
+"""Names loaded on first access: they need torch (and the model, megatron-core)."""
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,10 @@ When (and only when) such a package is missing, the module that needs it is subs
 raise a clear error if used. Transformer Engine itself is never faked: megatron-core would then believe TE
 exists. With both packages installed (a NeMo container), nothing is substituted.
 
-Every other module of the plugin gets Bridge through ``import_bridge``.
+Every other module of the plugin gets Bridge through ``import_bridge``. Importing the package installs
+``BridgeImportHook`` (``install_bridge_import_hook``), so a user script may also write
+``import nemo_noise_plugin`` and then ``from megatron.bridge import AutoBridge``: the substitutes are put in place
+when Bridge is first imported, not before (importing the plugin alone changes nothing else).
 """
 
 from __future__ import annotations
@@ -98,6 +101,29 @@ def ensure_bridge_importable() -> list[str]:
             stacklevel=2,
         )
     return list(SUBSTITUTED_MODULES)
+
+
+class BridgeImportHook:
+    """A ``sys.meta_path`` finder that runs ``ensure_bridge_importable`` when Megatron-Bridge is first imported.
+
+    It finds nothing itself (the normal finders import Bridge) and removes itself after its first use.
+    """
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> None:
+        """On the first import of ``megatron.bridge`` (or a submodule), put the substitutes in place."""
+        if fullname == "megatron.bridge" or fullname.startswith("megatron.bridge."):
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            ensure_bridge_importable()
+        return None
+
+
+def install_bridge_import_hook() -> None:
+    """Make a later ``import megatron.bridge`` (by anyone) import on this machine; idempotent, imports nothing."""
+    if "megatron.bridge" in sys.modules:
+        return
+    if not any(isinstance(finder, BridgeImportHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, BridgeImportHook())
 
 
 def import_bridge(module_name: str = "megatron.bridge") -> types.ModuleType:

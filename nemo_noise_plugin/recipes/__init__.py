@@ -23,8 +23,9 @@ class Recipe:
     path: str
     """``module:function`` returning a ``ConfigContainer``."""
     embedded_corpus: bool = False
-    """Trains on the corpus shipped with the package: runs without downloads, on the CPU loop without a GPU, and
-    writes the robustness report."""
+    """Trains on data shipped with the package (the tiny recipes' corpus, the SmolLM2 recipes' instruction set): runs
+    on the CPU loop without a GPU and writes the robustness report. The SmolLM2 model itself comes from the package
+    index (``pretrained.ensure_smollm2_hf``), converted once and cached."""
 
 
 _HF_MODELS = ("llama32_1b", "llama31_8b", "qwen3_8b")
@@ -33,6 +34,12 @@ RECIPES: dict[str, Recipe] = {
     "tiny_noise_sft": Recipe("nemo_noise_plugin.recipes.tiny:tiny_noise_sft_config", embedded_corpus=True),
     "tiny_noise_distillation": Recipe(
         "nemo_noise_plugin.recipes.tiny:tiny_noise_distillation_config", embedded_corpus=True
+    ),
+    "smollm2_135m_noise_sft": Recipe(
+        "nemo_noise_plugin.recipes.smollm2:smollm2_135m_noise_sft_config", embedded_corpus=True
+    ),
+    "smollm2_135m_noise_distillation": Recipe(
+        "nemo_noise_plugin.recipes.smollm2:smollm2_135m_noise_distillation_config", embedded_corpus=True
     ),
     **{
         f"{model}_noise_{mode}": Recipe(f"nemo_noise_plugin.recipes.hf_models:{model}_noise_{mode}_config")

@@ -1,0 +1,199 @@
+"""The task metric of the instruction recipes, and the trained model exported to Hugging Face and generated from.
+
+Exact match on the held-out split with greedy decoding: an answer counts when greedy decoding from the prompt
+reproduces the reference answer's tokens and then stops (the end-of-turn token). Greedy decoding yields exactly
+that sequence iff, fed the reference, the model's argmax at every answer position is the next reference token, so
+one teacher-forced forward pass per batch computes it exactly (``greedy_decode`` is the plain loop, which the tests
+check it against). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training, then the
+model exported with Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers and asked the first
+held-out questions; written as ``task_report.{json,png}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from nemo_noise_plugin.batches import collate, recipe_datasets
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.cpu.parallel import causal_attention_mask
+
+__all__ = [
+    "TaskReport",
+    "answer_positions",
+    "exact_match",
+    "export_hf",
+    "greedy_decode",
+    "hf_generate",
+]
+
+
+def answer_positions(labels: torch.Tensor, loss_mask: torch.Tensor, eos_id: int) -> list[torch.Tensor]:
+    """Per row: the positions whose labels are the answer, up to and including the first ``eos_id`` label."""
+    rows = []
+    for row_labels, row_mask in zip(labels, loss_mask, strict=True):
+        positions = row_mask.nonzero().flatten()
+        ends = (row_labels[positions] == eos_id).nonzero().flatten()
+        rows.append(positions[: int(ends[0]) + 1] if len(ends) else positions)
+    return rows
+
+
+def exact_match(
+    model: nn.Module, batches: Sequence[dict[str, Any]], eos_id: int
+) -> tuple[float, dict[str, float], list[bool]]:
+    """Greedy exact match of ``model`` on ``batches`` (Bridge SFT batches): overall, per task, and per example."""
+    hits: list[bool] = []
+    tasks: list[str] = []
+    with torch.no_grad():
+        for batch in batches:
+            logits = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
+            predicted = logits.argmax(-1)
+            for row, positions in enumerate(answer_positions(batch["labels"], batch["loss_mask"], eos_id)):
+                hits.append(bool(torch.equal(predicted[row, positions], batch["labels"][row, positions])))
+                tasks.append((batch.get("metadata") or [{}] * len(predicted))[row].get("task", "all"))
+    per_task = {
+        task: sum(h for h, t in zip(hits, tasks, strict=True) if t == task) / tasks.count(task)
+        for task in sorted(set(tasks))
+    }
+    return sum(hits) / len(hits), per_task, hits
+
+
+def greedy_decode(model: nn.Module, prompt: Sequence[int], eos_id: int, max_new_tokens: int = 16) -> list[int]:
+    """Greedy decoding with a Megatron model chunk (full recompute per token): the new tokens, up to ``eos_id``."""
+    tokens = list(prompt)
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            width = len(tokens)
+            ids = torch.tensor([tokens])
+            logits = model(ids, torch.arange(width).unsqueeze(0), causal_attention_mask(width))
+            token = int(logits[0, -1].argmax())
+            new.append(token)
+            if token == eos_id:
+                break
+            tokens.append(token)
+    return new
+
+
+def export_hf(model: nn.Module, hf_source: str, output_dir: str) -> str:
+    """Write ``model`` (a Megatron chunk of the ``hf_source`` architecture) as an HF folder with Bridge's exporter."""
+    auto_bridge = import_bridge("megatron.bridge").AutoBridge
+    bridge = auto_bridge.from_hf_pretrained(hf_source)
+    bridge.save_hf_pretrained([model], output_dir)
+    return output_dir
+
+
+def hf_generate(folder: str, questions: Sequence[list[dict[str, str]]], max_new_tokens: int = 16) -> list[str]:
+    """Reload an HF folder with transformers and answer each chat (greedy), returning the decoded replies."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    replies = []
+    for messages in questions:
+        inputs = tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )
+        with torch.no_grad():
+            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        replies.append(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
+    return replies
+
+
+def _plot(results: dict[str, Any], path: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    tasks = list(results["before"]["per_task"])
+    figure, axis = plt.subplots(figsize=(8, 4))
+    width = 0.4
+    for offset, name in ((-width / 2, "before"), (width / 2, "after")):
+        if name in results:
+            values = [results[name]["per_task"][task] for task in tasks]
+            axis.bar([i + offset for i in range(len(tasks))], values, width, label=name)
+    axis.set_xticks(range(len(tasks)), tasks)
+    axis.set(ylabel="exact match (greedy)", ylim=(0, 1), title="Held-out exact match per task")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return True
+
+
+class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
+    """Bridge callback for the instruction recipes: held-out exact match before and after training, and the export.
+
+    At the end (rank 0) it exports the model to ``output_dir/hf`` (``export=True``), reloads it with transformers,
+    answers the first ``samples`` held-out questions, and writes ``task_report.{json,png}``.
+    """
+
+    def __init__(self, output_dir: str, *, export: bool = True, samples: int = 4) -> None:
+        self.output_dir, self.export, self.samples = output_dir, export, samples
+        self.results: dict[str, Any] = {}
+        self.batches: list[dict[str, Any]] | None = None
+
+    def _measure(self, context: Any, name: str) -> None:
+        from megatron.core.utils import unwrap_model
+
+        model = unwrap_model(context.model[0])
+        config = context.state.cfg
+        if self.batches is None:
+            _, valid = recipe_datasets(config, 0, 0)
+            size = config.train.micro_batch_size
+            device = next(model.parameters()).device
+            mask = causal_attention_mask(config.model.seq_length) if device.type == "cpu" else None
+            self.batches = collate(valid, len(valid) // size, size, mask, device)
+        was_training = model.training
+        model.eval()
+        eos = config.dataset.tokenizer.eod
+        accuracy, per_task, _ = exact_match(model, self.batches, eos)
+        model.train(was_training)
+        self.results[name] = {"exact_match": accuracy, "per_task": per_task}
+        print(f"held-out exact match ({name} training, greedy): {accuracy:.3f}")
+
+    def on_train_start(self, context: Any) -> None:
+        self._measure(context, "before")
+
+    def on_train_end(self, context: Any) -> None:
+        self._measure(context, "after")
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        os.makedirs(self.output_dir, exist_ok=True)
+        if self.export:
+            self._export(context)
+        path = os.path.join(self.output_dir, "task_report.json")
+        with open(path, "w") as handle:
+            json.dump(self.results, handle, indent=2)
+        plotted = _plot(self.results, os.path.join(self.output_dir, "task_report.png"))
+        print(f"task report: {path}" + ("; plot: task_report.png" if plotted else ""))
+
+    def _export(self, context: Any) -> None:
+        from megatron.core.utils import unwrap_model
+
+        from nemo_noise_plugin.instructions import instruction_examples
+
+        folder = export_hf(
+            unwrap_model(context.model[0]),
+            context.state.cfg.tokenizer.tokenizer_model,
+            os.path.join(self.output_dir, "hf"),
+        )
+        examples = instruction_examples("validation")[: self.samples]
+        questions = [[m for m in example["messages"] if m["role"] != "assistant"] for example in examples]
+        replies = hf_generate(folder, questions)
+        self.results["exported"] = folder
+        self.results["transformers_replies"] = [
+            {"question": q[-1]["content"], "reply": r, "answer": e["messages"][-1]["content"]}
+            for q, r, e in zip(questions, replies, examples, strict=True)
+        ]
+        print(f"exported to {folder}; transformers, reloaded, answers:")
+        for item in self.results["transformers_replies"]:
+            print(f"  {item['question']} -> {item['reply']!r} (reference {item['answer']!r})")
