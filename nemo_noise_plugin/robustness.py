@@ -11,32 +11,28 @@ distillation benchmark uses ``robustness_curve`` directly.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from nemo_noise_plugin.artifacts import RunReport
 from nemo_noise_plugin.batches import collate, recipe_datasets
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu.parallel import causal_attention_mask
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.model.make_noisy import make_noisy
-from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS, NoiseConfig
 
-REPORT_SCALES = (0.0, 2.5, 5.0, 10.0, 20.0, 40.0)
-"""Noise scales the report sweeps."""
+REPORT_MULTIPLES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+"""Noise levels the report sweeps, as multiples of the level the model was trained with (0: no noise)."""
 HELD_OUT_BATCHES = 4
-
-_SCALE_FIELDS = {
-    "uniform": "alpha",
-    "gaussian": "sigma",
-    "quantization": "quantization_step",
-    "relative": "relative_scale",
-}
+_INVERSE_FIELDS = ("eta", "epsilon")
+"""Magnitude fields where a larger value means less noise: the sweep varies their reciprocal."""
 
 
 @dataclass(frozen=True)
@@ -49,23 +45,34 @@ class RobustnessPoint:
 
 
 def scale_field(noise: NoiseConfig) -> str:
-    """The setting a robustness sweep varies: the mechanism's magnitude (NEFTune alpha for privacy mechanisms)."""
-    return _SCALE_FIELDS.get(noise.mechanism, "alpha")
+    """The noise level a sweep varies: the mechanism's own magnitude field (``1/eta``, ``1/epsilon`` for the privacy
+    mechanisms, whose fields grow as the noise shrinks), so every sweep's axis grows with the noise."""
+    field = MAGNITUDE_FIELDS[noise.mechanism]
+    return f"1/{field}" if field in _INVERSE_FIELDS else field
+
+
+def trained_scale(noise: NoiseConfig) -> float:
+    """The noise level of ``noise`` on the ``scale_field`` axis (the field's default when noise is off or zero)."""
+    field = MAGNITUDE_FIELDS[noise.mechanism]
+    value = getattr(noise, field) if noise.enabled else None
+    if not value:
+        value = getattr(NoiseConfig(), field) or 1.0
+    return 1.0 / value if field in _INVERSE_FIELDS else float(value)
+
+
+def sweep_scales(noise: NoiseConfig, multiples: Sequence[float] = REPORT_MULTIPLES) -> list[float]:
+    """The ``scale_field`` values of a sweep around the trained level: ``multiples`` of ``trained_scale``."""
+    return [trained_scale(noise) * multiple for multiple in multiples]
 
 
 def noise_at_scale(noise: NoiseConfig, scale: float, seed: int = 777) -> NoiseConfig:
-    """``noise`` with its magnitude set to ``scale``, on in eval mode, with a fixed evaluation seed."""
-    mechanism = noise.mechanism if noise.mechanism in _SCALE_FIELDS else "uniform"
-    base = dataclasses.replace(noise, mechanism=mechanism) if mechanism != noise.mechanism else noise
-    return dataclasses.replace(
-        base,
-        **{scale_field(base): float(scale)},
-        enabled=True,
-        training_only=False,
-        seed=seed,
-        schedule="constant",
-        warmup_steps=0,
-    )
+    """``noise`` at level ``scale`` on its ``scale_field`` axis (0: off), on in eval mode, with a fixed seed."""
+    field = MAGNITUDE_FIELDS[noise.mechanism]
+    common = dict(training_only=False, seed=seed, schedule="constant", warmup_steps=0)
+    if scale == 0:
+        return dataclasses.replace(noise, enabled=False, **common)
+    value = 1.0 / scale if field in _INVERSE_FIELDS else float(scale)
+    return dataclasses.replace(noise, **{field: value}, enabled=True, **common)
 
 
 def robustness_curve(
@@ -113,8 +120,8 @@ def format_report(curves: dict[str, list[RobustnessPoint]], scale_name: str) -> 
     return "\n".join(rows)
 
 
-def plot_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, path: str) -> bool:
-    """Write the loss and KL curves as a PNG; returns False (and writes nothing) without matplotlib."""
+def plot_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, path: str, title: str = "") -> bool:
+    """Write the loss and KL curves as a PNG titled ``title``; returns False (and writes nothing) without matplotlib."""
     try:
         import matplotlib
 
@@ -132,6 +139,8 @@ def plot_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, path:
     for axis in (loss_axis, kl_axis):
         axis.grid(alpha=0.3)
         axis.legend()
+    if title:
+        figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -143,16 +152,24 @@ def logits_of(module: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor
     return module(batch["tokens"], batch["position_ids"], batch["attention_mask"])
 
 
-def write_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, output_dir: str) -> None:
-    """Print the robustness table and write it as JSON and PNG under ``output_dir``."""
-    print(f"\nrobustness report: held-out loss and KL(clean || noisy) in nats/token against {scale_name}")
+def write_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, report: RunReport, title: str = "") -> Path:
+    """Print the robustness table and write it as ``robustness.json`` and ``robustness.png`` into ``report``.
+
+    Both files appear together (``RunReport.finish``) or not at all; returns the report's folder.
+    """
+    print(f"\nrobustness report{f' ({title})' if title else ''}: held-out loss and KL(clean || noisy) in nats/token")
+    print(f"against {scale_name}, the noise level, around the level of training")
     print(format_report(curves, scale_name))
-    report_path = os.path.join(output_dir, "robustness.json")
-    with open(report_path, "w") as handle:
-        json.dump({name: [dataclasses.asdict(p) for p in points] for name, points in curves.items()}, handle, indent=2)
-    plot_path = os.path.join(output_dir, "robustness.png")
-    plotted = plot_report(curves, scale_name, plot_path)
-    print(f"report: {report_path}" + (f"; plot: {plot_path}" if plotted else " (install matplotlib for the plot)"))
+    report.write_json(
+        "robustness.json", {name: [dataclasses.asdict(p) for p in points] for name, points in curves.items()}
+    )
+    can_plot = importlib.util.find_spec("matplotlib") is not None
+    if can_plot:
+        report.write("robustness.png", lambda path: plot_report(curves, scale_name, str(path), title))
+    folder = report.finish()
+    plot = f"; plot: {folder / 'robustness.png'}" if can_plot else " (install matplotlib for the plot)"
+    print(f"report: {folder / 'robustness.json'}{plot}")
+    return folder
 
 
 def held_out_batches(config: Any, count: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -165,13 +182,16 @@ def held_out_batches(config: Any, count: int, device: torch.device) -> list[dict
 class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callback):
     """Bridge callback: the robustness curve of the first model chunk at the start and at the end of training.
 
-    At the end (rank 0) it prints the table and writes ``robustness.{json,png}`` to ``output_dir``. A run that
-    stops before its last iteration writes no report.
+    At the end (rank 0) it prints the table and writes ``robustness.{json,png}`` into ``report`` (a ``RunReport``:
+    ``<run dir>/reports/<run id>/``, both files or none). A run that stops before its last iteration writes no
+    report.
     """
 
-    def __init__(self, noise: NoiseConfig, output_dir: str) -> None:
-        self.noise, self.output_dir = noise, output_dir
+    def __init__(self, noise: NoiseConfig, report: RunReport, title: str = "") -> None:
+        self.noise, self.report, self.title = noise, report, title
         self.curves: dict[str, list[RobustnessPoint]] = {}
+        self.folder: Path | None = None
+        """The written report's folder, once training has ended."""
         self.batches: list[dict[str, torch.Tensor]] | None = None
 
     def _curve(self, context: Any) -> list[RobustnessPoint]:
@@ -181,7 +201,7 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
         if self.batches is None:
             device = next(model.parameters()).device
             self.batches = held_out_batches(context.state.cfg, HELD_OUT_BATCHES, device)
-        return robustness_curve(model, self.batches, self.noise, REPORT_SCALES, logits_of)
+        return robustness_curve(model, self.batches, self.noise, sweep_scales(self.noise), logits_of)
 
     def on_train_start(self, context: Any) -> None:
         self.curves["before"] = self._curve(context)
@@ -191,4 +211,4 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
     def on_train_end(self, context: Any) -> None:
         self.curves["after"] = self._curve(context)
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-            write_report(self.curves, scale_field(self.noise), self.output_dir)
+            self.folder = write_report(self.curves, scale_field(self.noise), self.report, self.title)

@@ -22,7 +22,7 @@ PACKAGE = "nemo_noise_plugin"
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("command line", ("cli", "__main__", "")),
     ("training", ("training",)),
-    ("providers, recipes, reports", ("providers", "recipes", "robustness")),
+    ("providers, recipes, reports", ("providers", "recipes", "robustness", "audit_report", "evaluation")),
     ("distillation", ("distillation",)),
     ("model", ("model",)),
     ("schedule plan", ("schedule_plan",)),
@@ -40,6 +40,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "batches",
             "pretrained",
             "upstream_copies",
+            "artifacts",
+            "instructions",
         ),
     ),
 ]

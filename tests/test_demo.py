@@ -32,13 +32,14 @@ def test_main_job_trains_the_tiny_recipe_and_writes_the_robustness_report(tmp_pa
     assert [int(row[0]) for row in rows] == [1, 2, 3, 4, 5, 6]
     losses = [float(row[1]) for row in rows]
     assert losses[-1] < losses[0] - 1.0  # it learns the corpus
-    report = json.loads((tmp_path / "robustness.json").read_text())
+    latest = tmp_path / "tiny_noise_sft" / "reports" / "latest"  # each run keeps its report under its run id
+    report = json.loads((latest / "robustness.json").read_text())
     assert set(report) == {"before", "after"}
     before, after = report["before"], report["after"]
     assert [point["scale"] for point in before] == [0.0, 2.5, 5.0, 10.0, 20.0, 40.0]
     assert before[0]["kl"] == 0.0 and before[-1]["kl"] > before[1]["kl"] > 0  # more noise, more shift
     assert after[0]["loss"] < before[0]["loss"] - 1.0
-    assert (tmp_path / "robustness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (latest / "robustness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "tiny_noise_sft" / "data").is_dir()  # the corpus as a Megatron indexed dataset
 
 

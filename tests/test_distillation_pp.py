@@ -25,6 +25,8 @@ import torch
 
 from tests.multiprocess import run_on_gloo_ranks
 
+pytestmark = pytest.mark.slow  # minutes on 2 cores: run by `make test` after the main suite
+
 MICROBATCHES, MICRO_BATCH_SIZE = 4, 2
 CASES = ("forward_kl", "reverse_kl", "jsd", "top_k", "clean")
 UPDATE_STEP = len(CASES)  # after the compared cases: one SGD step on the student, then one more KD step

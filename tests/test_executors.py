@@ -147,6 +147,7 @@ def test_a_recipe_that_cannot_be_built_here_is_resolved_by_each_rank(cli_llm, ne
     assert command.endswith(f"/{name}/configs/{name}_fn_or_script")
 
 
+@pytest.mark.slow
 def test_nemo_llm_finetune_dry_run_with_a_local_executor_prints_the_torchrun_command(tmp_path):
     env = {**os.environ, "COLUMNS": "200", "NEMORUN_HOME": str(tmp_path / "home")}
     result = subprocess.run(
@@ -242,6 +243,7 @@ def test_slurm_factory_gives_one_torchrun_rank_per_gpu():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_local_executor_runs_a_gloo_task_on_two_torchrun_ranks_with_logs_in_the_experiment_folder(
     nemorun_home, tmp_path, megatron_cpu
 ):
@@ -272,6 +274,7 @@ def test_local_executor_runs_a_gloo_task_on_two_torchrun_ranks_with_logs_in_the_
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU loop, which runs where CUDA is missing")
+@pytest.mark.slow
 def test_finetune_through_the_local_executor_leaves_config_logs_and_report_in_the_experiment_folder(
     cli_llm, nemorun_home, tmp_path, monkeypatch, capsys
 ):

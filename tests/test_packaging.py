@@ -6,6 +6,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import sysconfig
 import tomllib
 import zipfile
 from importlib import metadata
@@ -64,3 +65,40 @@ def test_the_wheel_ships_the_presets_and_the_corpus(tmp_path):
     assert len(presets) == len(list((REPO / "nemo_noise_plugin" / "presets").glob("*/*.yaml")))
     assert "nemo_noise_plugin/data/corpus.txt" in names
     assert not any(name.startswith(("tests/", "nemo_noise_plugin/testing/")) for name in names)
+
+
+def test_the_wheel_installed_outside_the_checkout_runs_its_commands_and_presets(tmp_path):
+    """A fresh virtual environment holding only the built wheel (dependencies borrowed from this one)."""
+    wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)]
+    subprocess.run([*build, str(REPO)], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site = pathlib.Path(
+        subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                       check=True, capture_output=True, text=True).stdout.strip()
+    )  # fmt: skip
+    dependencies = pathlib.Path(sysconfig.get_paths()["purelib"])
+    (site / "borrowed_dependencies.pth").write_text(f"{dependencies}\n")  # appended after the venv's own packages
+    (wheel,) = wheels.glob("nemo_noise_plugin-*.whl")
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+
+    def run(*args: str) -> str:
+        result = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, cwd=elsewhere)
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        return result.stdout
+
+    check = (
+        "import pathlib, sys, nemo_noise_plugin as p; from nemo_noise_plugin.corpus import corpus_bytes; "
+        "from nemo_noise_plugin.distillation.config import load_kd_config; "
+        "print(pathlib.Path(p.__file__).is_relative_to(pathlib.Path(sys.argv[1])), "
+        "p.load_noise_config('neftune_alpha15').alpha, load_kd_config('forward_kl_t2').temperature, "
+        "len(corpus_bytes()) > 1000)"
+    )
+    assert run(python, "-c", check, venv).split() == ["True", "15.0", "2.0", "True"]
+    assert "--recipe" in run(venv / "bin" / "nemo-noise-main-job", "--help")
+    nemo = "import sys; from nemo_run.__main__ import app; sys.argv[0] = 'nemo'; app()"
+    ledger = run(python, "-c", nemo, "noise", "ledger", "config=dp_gaussian_mechanism", "sequence_length=8")
+    assert "Privacy ledger:" in ledger

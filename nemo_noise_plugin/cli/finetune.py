@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.recipes import RECIPES
 from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune
 from nemo_noise_plugin.training.launch import GPUUnavailableError
@@ -42,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--yes", "-y", action="store_true", help="accepted for symmetry with `nemo`; this command never asks"
     )
+    parser.add_argument("--verbose", "-v", action="store_true", help="show third-party warnings and INFO logs")
     return parser
 
 
@@ -49,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Returns the exit status (2 for usage errors, 1 for a missing GPU)."""
     parser = _parser()
     args = parser.parse_intermixed_args(argv)
+    quiet_third_party(args.verbose)
     try:
         run_finetune(
             args.factory, args.overrides, config_file=args.config_file, dryrun=args.dryrun, to_yaml=args.to_yaml

@@ -8,15 +8,33 @@ report of the model before and after training (``training.launch.launch_with_rep
 from __future__ import annotations
 
 import argparse
+import math
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from nemo_noise_plugin.noise.config import MECHANISMS, SCALINGS, NoiseConfig, load_noise_config
+from nemo_noise_plugin.artifacts import ArtifactWriteError, check_output_dir
+from nemo_noise_plugin.cli.console import quiet_third_party
+from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS, MECHANISMS, SCALINGS, NoiseConfig, load_noise_config
 from nemo_noise_plugin.recipes import RECIPES
 
 __all__ = ["build_noise_config", "main", "parse_args"]
 
 MAIN_JOB_RECIPES = tuple(name for name, recipe in RECIPES.items() if recipe.embedded_corpus)
+
+
+MECHANISM_FLAGS: dict[str, tuple[str, ...]] = {
+    "alpha": ("uniform",),
+    "sigma": ("gaussian",),
+    "scaling": ("uniform", "gaussian"),
+}
+"""The main job's noise flags and the mechanisms that use them."""
+EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, turned into the same clean stop as Ctrl-C."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -36,40 +54,88 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--alpha", type=float, help="NEFTune alpha of uniform noise (default 10)")
     parser.add_argument("--sigma", type=float, help="gaussian noise multiplier")
     parser.add_argument("--scaling", choices=SCALINGS, help="overrides the config (default true_length)")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, help="peak learning rate (1e-3 for tiny recipes, else the recipe's)")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--verbose", "-v", action="store_true", help="show third-party warnings and INFO logs")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps={args.steps} is invalid: expected an integer >= 1.")
     if args.stop_after is not None and not 1 <= args.stop_after < args.steps:
         parser.error(f"--stop-after={args.stop_after} is invalid: expected an integer in [1, --steps={args.steps}).")
-    if args.lr <= 0:
-        parser.error(f"--lr={args.lr} is invalid: expected a number > 0.")
+    if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
+        parser.error(f"--lr={args.lr} is invalid: expected a finite number > 0.")
     return args
 
 
 def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
-    """The noise settings: the embedded default (NEFTune alpha 10) or a preset, then the flags given."""
+    """The noise settings: the embedded default (NEFTune alpha 10) or a preset, then the flags given.
+
+    A flag the resulting mechanism does not use (``--sigma`` with NEFTune noise) is an error, not ignored.
+    """
     flags = {name: getattr(args, name) for name in ("mechanism", "alpha", "sigma", "scaling")}
     overrides = {name: value for name, value in flags.items() if value is not None}
     overrides["seed"] = args.seed
     if args.noise_config:
-        return load_noise_config(args.noise_config, **overrides)
-    return NoiseConfig(**{"alpha": 10.0, **overrides})
+        noise = load_noise_config(args.noise_config, **overrides)
+    else:
+        noise = NoiseConfig(**{"alpha": 10.0, **overrides})
+    for flag, mechanisms in MECHANISM_FLAGS.items():
+        if flags[flag] is not None and noise.mechanism not in mechanisms:
+            own = MAGNITUDE_FIELDS[noise.mechanism]
+            raise ValueError(
+                f"--{flag}={flags[flag]} is not used by mechanism {noise.mechanism!r} (only by "
+                f"{', '.join(mechanisms)}); {noise.mechanism} noise is set by its field {own!r}: use --noise-config "
+                f"with {own}: <value>, or --mechanism {mechanisms[0]}."
+            )
+    return noise
+
+
+def _stop_on_sigterm() -> None:
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted()
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the main job; returns the exit status (2 for invalid options)."""
+    """Run the main job; returns the exit status (2 invalid options, 1 failed run, 130 interrupted)."""
     args = parse_args(argv)
+    quiet_third_party(args.verbose)
+    from nemo_noise_plugin.training.progress import NonFiniteLossError  # after quieting: it imports Bridge
+
+    _stop_on_sigterm()
+    run_dir = Path(args.output_dir) / args.recipe
     try:
         noise = build_noise_config(args)
+        check_output_dir(args.output_dir)
     except OSError as error:
         print(f"error: --noise-config {args.noise_config!r} cannot be read: {error.strerror or error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    try:
+        return _run(args, noise)
+    except KeyboardInterrupt as interrupt:
+        how = "terminated" if isinstance(interrupt, Interrupted) else "interrupted"
+        print(
+            f"\n{how}: this run's report was not written; kept: everything already in {run_dir} "
+            "(earlier reports, the dataset, and on a GPU the checkpoints saved so far, from which the same command "
+            "resumes).",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    except (ArtifactWriteError, NonFiniteLossError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    except RuntimeError as error:  # Megatron's rerun state machine on a NaN/Inf loss in Bridge's loop
+        if "Unexpected result" not in str(error):
+            raise
+        print(f"error: {str(error).splitlines()[-1]}; training stopped.", file=sys.stderr)
+        return EXIT_FAILED
 
+
+def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
     from nemo_noise_plugin.recipes import recipe_function
     from nemo_noise_plugin.training.launch import cuda_available, launch_with_report
 
@@ -78,10 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "error: --stop-after needs Bridge's training loop (a GPU); the CPU loop writes no checkpoint.",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_USAGE
     recipe = recipe_function(RECIPES[args.recipe].path)
-    config = recipe(dir=args.output_dir, train_iters=args.steps, lr=args.lr, noise=noise)
+    lr = args.lr if args.lr is not None else (1e-3 if args.recipe.startswith("tiny") else None)
+    config = recipe(dir=args.output_dir, train_iters=args.steps, noise=noise, **({"lr": lr} if lr else {}))
     config.train.exit_interval = args.stop_after
     config.rng.seed = args.seed
-    launch_with_report(config, output_dir=args.output_dir, label=f"recipe {args.recipe}")
+    try:
+        launch_with_report(config, output_dir=str(Path(args.output_dir) / args.recipe), label=f"recipe {args.recipe}")
+    except ValueError as error:  # the plugin's settings, re-validated before the model is built
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     return 0

@@ -20,26 +20,32 @@ from nemo_noise_plugin.batches import collate, recipe_datasets
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu import CPU_SUBSTITUTES, causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.training.progress import NonFiniteLossError
 
-__all__ = ["CPU_LOOP_NOTICE", "run_cpu_loop"]
+__all__ = ["CPU_LOOP_NOTICE", "build_optimizer", "run_cpu_loop"]
 
 CPU_LOOP_NOTICE = (
     "CPU loop (Bridge's training loop needs CUDA): the recipe's provider, model, data pipeline, forward step\n"
     "and loss, driven by a single-process loop; float32 instead of bf16, torch AdamW instead of Megatron's\n"
-    "optimizer. CPU substitutes in use:"
+    "optimizer (with the recipe's gradient clipping and Megatron's learning-rate schedule). CPU substitutes in use:"
 )
 
 
 def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] = ()) -> None:
     """Train ``config`` (a ``ConfigContainer`` whose model fits one CPU process) with ``forward_step``.
 
-    Steps, learning rate, weight decay and seed are the config's (``train.train_iters``, ``optimizer``, ``rng.seed``);
+    Steps, optimizer settings and seed are the config's (``train.train_iters``, ``rng.seed``): torch's AdamW with
+    ``optimizer.lr``/``adam_beta1``/``adam_beta2``/``adam_eps``, gradients clipped to ``optimizer.clip_grad`` (global
+    norm; 0 turns it off), and the learning rate and weight decay set every step by Megatron's own
+    ``OptimizerParamScheduler`` built from ``scheduler`` as Bridge builds it (warm-up ``lr_warmup_iters``, decay
+    style, ``min_lr``), stepped after each optimizer step as Bridge's loop does.
     ``callbacks`` (Bridge ``Callback`` objects) see ``on_train_start``, ``on_train_step_start``/``_end`` (with the
     step's ``loss_dict``) and ``on_train_end``.
     """
     print(CPU_LOOP_NOTICE)
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")
+    joined_a_process_group = torch.distributed.is_initialized()  # a caller's (e.g. a test session's): keep it
     init_cpu_parallel(seed=config.rng.seed)
     try:
         _train(config, forward_step, callbacks)
@@ -47,7 +53,8 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
         destroy_num_microbatches_calculator()
-        destroy_cpu_parallel()
+        if not joined_a_process_group:
+            destroy_cpu_parallel()
 
 
 def _build_model(config: Any) -> torch.nn.Module:
@@ -87,11 +94,8 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any]) -> Non
         )
 
     mask = causal_attention_mask(config.model.seq_length)
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=config.optimizer.lr,
-        weight_decay=config.optimizer.weight_decay,
-    )
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler = build_optimizer(config, parameters)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters ({type(model).__name__});")
     print(f"noise: {_non_default(config.model.noise)}; {micro_batches} microbatches of {train.micro_batch_size}")
     fire("on_train_start")
@@ -104,14 +108,56 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any]) -> Non
         start = step * train.global_batch_size
         for batch in collate(train_set, micro_batches, train.micro_batch_size, mask, "cpu", start):
             output, loss_function = forward_step(state, iter([batch]), model)
-            loss_sum, num_tokens, report = loss_function(output)
+            loss_sum, num_tokens, report = _checked_loss(loss_function, output, step)
             (loss_sum / num_tokens / micro_batches).backward()
             for key, value in report.items():
                 totals[key] = totals.get(key, 0) + value.detach()
+        if config.optimizer.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(parameters, config.optimizer.clip_grad)
         optimizer.step()
+        scheduler.step(increment=train.global_batch_size)
         fire("on_train_step_end", loss_dict={key: value[0] / value[1] for key, value in totals.items()})
     state.train_state.step = train.train_iters
     fire("on_train_end")
+
+
+def build_optimizer(config: Any, parameters: Sequence[torch.nn.Parameter]) -> tuple[torch.optim.Optimizer, Any]:
+    """Torch AdamW and Megatron's ``OptimizerParamScheduler`` for ``config`` (its ``optimizer`` and ``scheduler``).
+
+    The scheduler is the one Bridge's loop uses (``megatron.bridge.training.optim``), with the steps Bridge derives
+    from ``train`` (``ConfigContainer``'s scheduler-step calculation: samples, i.e. iterations x global batch);
+    constructing it sets the learning rate of iteration 0 (``lr_warmup_init`` when warming up).
+    """
+    optim = import_bridge("megatron.bridge.training.optim")
+    settings = config.optimizer
+    optimizer = torch.optim.AdamW(
+        list(parameters),
+        lr=settings.lr,
+        betas=(settings.adam_beta1, settings.adam_beta2),
+        eps=settings.adam_eps,
+        weight_decay=settings.weight_decay,
+    )
+    schedule = config.scheduler
+    if schedule.start_weight_decay is None:
+        schedule.start_weight_decay = settings.weight_decay
+    if schedule.end_weight_decay is None:
+        schedule.end_weight_decay = settings.weight_decay
+    config._calculate_scheduler_steps()
+    return optimizer, optim._get_scheduler(settings, schedule, optimizer)
+
+
+def _checked_loss(loss_function: Callable, output: Any, step: int) -> Any:
+    """The step's loss; Megatron's NaN/Inf check in the loss (its rerun state machine) becomes
+    ``NonFiniteLossError`` naming this loop's step (the machine's own iteration counter is not kept here)."""
+    try:
+        return loss_function(output)
+    except RuntimeError as error:
+        if "Unexpected result" not in str(error):
+            raise
+        reason = str(error).rpartition("message=")[2].strip("')") or "a non-finite loss"
+        raise NonFiniteLossError(
+            f"step {step + 1}: {reason}; training stopped (check the learning rate and the noise / KD settings)."
+        ) from None
 
 
 def _non_default(config: NoiseConfig) -> str:

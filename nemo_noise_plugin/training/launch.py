@@ -23,8 +23,8 @@ embedded corpus), else raises ``GPUUnavailableError`` before it imports Bridge o
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from nemo_noise_plugin.bridge_imports import import_bridge, use_prebuilt_dataset_helpers
@@ -89,35 +89,39 @@ def launch(
     With a GPU: Bridge's real loop (``training_entry_for(config)``), after letting Bridge use megatron-core's prebuilt
     dataset helper (``use_prebuilt_dataset_helpers``); under ``torchrun`` every rank calls this. Without one: the CPU
     loop (``training.cpu_loop``) when ``allow_cpu_loop``, else ``GPUUnavailableError`` before anything else happens.
-    ``forward_step`` defaults to ``forward_step_for(config)``.
+    ``forward_step`` defaults to ``forward_step_for(config)``. The plugin's settings are validated again first
+    (``validate_plugin_settings``: whatever set them), and ``FiniteLossGuard`` stops a run whose loss is not finite.
     """
-    from nemo_noise_plugin.training.overrides import apply_overrides
+    from nemo_noise_plugin.training.overrides import apply_overrides, validate_plugin_settings
+    from nemo_noise_plugin.training.progress import FiniteLossGuard
 
     on_gpu = cuda_available()
     if not on_gpu and not allow_cpu_loop:
         raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
     config = apply_overrides(config, list(overrides))
+    validate_plugin_settings(config)
     step = forward_step or forward_step_for(config)
+    callbacks = [*(callbacks or []), FiniteLossGuard()]
     if not on_gpu:
         from nemo_noise_plugin.training.cpu_loop import run_cpu_loop
 
-        run_cpu_loop(config, step, callbacks or [])
+        run_cpu_loop(config, step, callbacks)
         return
     use_prebuilt_dataset_helpers()
-    entry = training_entry_for(config)
-    if callbacks:
-        entry(config, step, callbacks=list(callbacks))
-    else:
-        entry(config, step)
+    training_entry_for(config)(config, step, callbacks=callbacks)
 
 
-def launch_with_report(config: Any, *, output_dir: str, label: str) -> None:
+def launch_with_report(config: Any, *, output_dir: str, label: str) -> Path | None:
     """Train a recipe on the embedded corpus with progress lines, then write the robustness report.
 
     Bridge's loop on a GPU (checkpoints under ``config.checkpoint.save``, resumable), else the CPU loop, which says
-    so; the report (``robustness.{json,png}`` in ``output_dir``) is computed by a Bridge callback at the start and at
-    the end of training either way.
+    so; the report is computed by a Bridge callback at the start and at the end of training either way, and written
+    to ``output_dir/reports/<run id>/robustness.{json,png}`` (both files or none; ``reports/latest`` points at the
+    newest). Returns that folder, or None when training ended before its last iteration.
     """
+    from nemo_noise_plugin.artifacts import RunReport
+    from nemo_noise_plugin.batches import is_finetuning_dataset
+    from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS
     from nemo_noise_plugin.robustness import RobustnessReport
     from nemo_noise_plugin.training.progress import ProgressLine
 
@@ -129,8 +133,16 @@ def launch_with_report(config: Any, *, output_dir: str, label: str) -> None:
         )
     where = ", Bridge's training loop" if on_gpu else ""
     print(f"== nemo-noise-plugin main job: {label} on the embedded corpus{where} ==")
-    os.makedirs(output_dir, exist_ok=True)
-    report = RobustnessReport(config.model.noise, output_dir)
-    launch(config, callbacks=[report, ProgressLine()], allow_cpu_loop=True)
+    noise = config.model.noise
+    field = MAGNITUDE_FIELDS[noise.mechanism]
+    title = f"{label}: {noise.mechanism} {field}={getattr(noise, field)}, {config.train.train_iters} steps"
+    report = RobustnessReport(noise, RunReport(output_dir), title)
+    callbacks = [report, ProgressLine()]
+    if is_finetuning_dataset(config.dataset):  # instruction recipes: held-out exact match, HF export, generation
+        from nemo_noise_plugin.evaluation import TaskReport
+
+        callbacks.insert(1, TaskReport(f"{output_dir}/task_report"))
+    launch(config, callbacks=callbacks, allow_cpu_loop=True)
     if "after" not in report.curves:
         print("no robustness report: training ended before its last iteration")
+    return report.folder

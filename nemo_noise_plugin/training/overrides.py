@@ -16,13 +16,22 @@ import dataclasses
 import difflib
 import os
 import re
+import types
+import typing
 from typing import Any
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.validation import is_finite_number
 
-__all__ = ["VALIDATED_CONFIG_TYPES", "ConfigOverrideError", "apply_overrides", "load_config_yaml"]
+__all__ = [
+    "VALIDATED_CONFIG_TYPES",
+    "ConfigOverrideError",
+    "apply_overrides",
+    "load_config_yaml",
+    "validate_plugin_settings",
+]
 
 VALIDATED_CONFIG_TYPES: tuple[type, ...] = (NoiseConfig, KDConfig)
 """Dataclasses that ``apply_overrides`` rebuilds from their overridden fields, so their ``__post_init__`` runs."""
@@ -74,6 +83,44 @@ def apply_overrides(config: Any, overrides: list[str], *, config_filepath: str |
     for owner, name, value in plan.resets + plan.replacements:
         setattr(owner, name, value)
     return config
+
+
+def validate_plugin_settings(config: Any) -> None:
+    """Check the plugin's settings of a ``ConfigContainer`` as they are now, however they were set; raise
+    ``ConfigOverrideError`` naming the key.
+
+    ``NoiseConfig`` and ``KDConfig`` validate when constructed, but an assignment after that
+    (``config.model.kd.temperature = 0.0``) skips ``__post_init__``; this rebuilds each of them from its current
+    fields, re-checks a ``NoisyDistillationProvider``'s constraints, and rejects a run that would train nothing
+    (``train.train_iters`` < 1) or a learning rate that is not a finite number > 0. Call it before any model is
+    built (``training.launch.launch`` does).
+    """
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
+
+    model = getattr(config, "model", None)
+    for name in ("noise", "kd"):
+        current = getattr(model, name, None)
+        if isinstance(current, VALIDATED_CONFIG_TYPES):
+            fields = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
+            try:
+                type(current)(**fields)
+            except (TypeError, ValueError) as error:
+                raise ConfigOverrideError(_name_key(str(error), {type(current).__name__: f"model.{name}"})[0]) from None
+    if isinstance(model, NoisyDistillationProvider):
+        try:
+            model.validate_distillation()
+        except (TypeError, ValueError) as error:
+            names = {"KDConfig": "model.kd", "NoiseConfig": "model.noise", type(model).__name__: "model"}
+            raise ConfigOverrideError(_name_key(str(error), names)[0]) from None
+    train_iters = getattr(getattr(config, "train", None), "train_iters", None)
+    counts = isinstance(train_iters, int) and not isinstance(train_iters, bool)
+    if train_iters is not None and not (counts and train_iters >= 1):
+        raise ConfigOverrideError(
+            f"train.train_iters={train_iters!r} is invalid: expected an integer >= 1 (the run would train nothing)."
+        )
+    lr = getattr(getattr(config, "optimizer", None), "lr", None)
+    if lr is not None and not (is_finite_number(lr) and lr > 0):
+        raise ConfigOverrideError(f"optimizer.lr={lr!r} is invalid: expected a finite number > 0.")
 
 
 def _config_file_values(config: Any, path: str | os.PathLike[str]) -> dict:
@@ -174,6 +221,8 @@ class _Plan:
                 self.replacements.append((obj, name, self._rebuild(type(current), value, key)))
             elif isinstance(value, dict) and "_target_" not in value:
                 self.walk(current, before.get(name), value, key)
+            elif name in before and value != before[name]:
+                _check_scalar_type(type(obj), name, value, key, self.overrides)
 
     def _rebuild(self, config_type: type, value: Any, key: str) -> Any:
         touched = _touching(key, self.overrides)
@@ -205,6 +254,33 @@ class _Plan:
         raise ConfigOverrideError(
             f"~{key} is invalid: {type(obj).__name__}.{field.name} has no default to restore; set a value instead."
         )
+
+
+_SCALAR_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _check_scalar_type(owner: type, name: str, value: Any, key: str, overrides: list[str]) -> None:
+    """Reject a new value whose type does not fit a scalar field (``int``, ``float``, ``bool``, ``str``, optional)."""
+    try:
+        annotation = typing.get_type_hints(owner).get(name)
+    except Exception:  # a field annotation that does not resolve here: nothing to check against
+        return
+    allowed = typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+    allowed = allowed or (annotation,)
+    if value is None and type(None) in allowed:
+        return
+    scalars = [kind for kind in allowed if kind in _SCALAR_NAMES]
+    if not scalars or len(scalars) != len([kind for kind in allowed if kind is not type(None)]):
+        return  # not a plain scalar field (lists, enums, literals, classes): Bridge and the config check it
+    fits = any(
+        isinstance(value, kind)
+        and not (kind is int and isinstance(value, bool))
+        or (kind is float and isinstance(value, int) and not isinstance(value, bool))
+        for kind in scalars
+    )
+    if not fits:
+        expected = " or ".join(_SCALAR_NAMES[kind] for kind in scalars)
+        raise ConfigOverrideError(f"{key}={value!r} is invalid: expected {expected}.{_touching(key, overrides)}")
 
 
 def _validate_distillation(config: Any, after: dict, plan: _Plan) -> None:

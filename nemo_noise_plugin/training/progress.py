@@ -1,12 +1,14 @@
-"""The progress line: one line per training step with the LM loss, the KD loss and tokens/s.
+"""Watching the training steps: one progress line per step, and a stop on a loss that is not finite.
 
-``ProgressLine`` is a Megatron-Bridge callback, so the same line comes from Bridge's training loop (GPU) and from the
-CPU loop (which fires the same callback events). Under pipelining the loss exists on the last stage only; the last
-rank prints it.
+``ProgressLine`` prints the LM loss, the KD loss and tokens/s; ``FiniteLossGuard`` stops the run with
+``NonFiniteLossError`` naming the step and the loss. Both are Megatron-Bridge callbacks, so they act the same in
+Bridge's training loop (GPU) and in the CPU loop (which fires the same callback events). Under pipelining the loss
+exists on the last stage only; the last rank prints it.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -14,7 +16,7 @@ import torch
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 
-__all__ = ["ProgressLine", "format_progress_header", "format_progress_line"]
+__all__ = ["FiniteLossGuard", "NonFiniteLossError", "ProgressLine", "format_progress_header", "format_progress_line"]
 
 Callback = import_bridge("megatron.bridge.training.callbacks").Callback
 
@@ -59,3 +61,21 @@ class ProgressLine(Callback):
             # Bridge counts the step after this event: train_state.step is still the 0-based index of this one.
             line = format_progress_line(context.state.train_state.step + 1, train.train_iters, losses, tokens / elapsed)
             print(line, flush=True)
+
+
+class NonFiniteLossError(RuntimeError):
+    """A training step produced a NaN or infinite loss; the message names the step and the loss."""
+
+
+class FiniteLossGuard(Callback):
+    """Stops training at the first step whose reported losses are not all finite (Bridge callback)."""
+
+    def on_train_step_end(self, context: Any) -> None:
+        for name, value in (context.loss_dict or {}).items():
+            number = float(value)
+            if not math.isfinite(number):
+                step = context.state.train_state.step + 1
+                raise NonFiniteLossError(
+                    f"step {step}: {name} = {number}; training stopped (check the learning rate and the noise / KD "
+                    "settings, e.g. model.kd.temperature > 0)."
+                )

@@ -49,9 +49,10 @@ def test_tiny_recipe_trains_saves_resumes_with_the_same_noise_and_reports(tmp_pa
 
     whole_run = _run("nemo_noise_plugin", "--steps", "30", "--output-dir", str(uninterrupted))
     whole = _losses_by_step(whole_run.stdout)
-    report = json.loads((uninterrupted / "robustness.json").read_text())
+    latest = uninterrupted / "tiny_noise_sft" / "reports" / "latest"
+    report = json.loads((latest / "robustness.json").read_text())
     assert report["after"][0]["loss"] < report["before"][0]["loss"] - 0.5
-    assert (uninterrupted / "robustness.png").stat().st_size > 10_000
+    assert (latest / "robustness.png").stat().st_size > 10_000
     # Same data, weights and noise after the restart: the losses follow the uninterrupted run's up to the
     # GPU's non-deterministic reductions (atomics in the embedding backward), not a different noise draw.
     differences = [abs(resumed_losses[step] - whole[step]) for step in range(21, 31)]

@@ -1,0 +1,63 @@
+"""A quiet console for the plugin's commands: the user's information first, known third-party chatter hidden.
+
+Megatron-Core, Megatron-Bridge, torch and NeMo-Run print a few dozen warnings and log records on a machine without
+Transformer Engine or Apex (fallback notices, deprecations, an import traceback logged twice). The command entry
+points call ``quiet_third_party()`` before they import those libraries; ``--verbose`` shows everything. The library
+itself never filters warnings or logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+__all__ = ["INFO_ONLY_LOGGERS", "KNOWN_LOG_RECORDS", "KNOWN_WARNINGS", "quiet_third_party"]
+
+KNOWN_WARNINGS: tuple[str, ...] = (
+    "Apex is not installed",
+    "Transformer Engine and Apex are not installed",
+    "Only transformer-engine>=",
+    "The pynvml package is deprecated",
+    "MimoModelConfig is experimental",
+    "nemo_noise_plugin substituted modules",
+    "full scope is deprecated",
+    "`torch.jit.script` is deprecated",
+    "`build_tokenizer` is deprecated",
+)
+"""Warnings that every run without Transformer Engine or Apex shows and that need no action (message prefixes)."""
+
+KNOWN_LOG_RECORDS: dict[str, tuple[str, ...]] = {
+    "megatron.bridge.utils.import_utils": ("Import of ",),
+    "megatron.core.models.gpt.gpt_model": ("GPTModel IS DEPRECATED",),
+    "megatron.core.rerun_state_machine": ("Implicit initialization of Rerun State Machine", "RerunStateMachine "),
+    "torch.utils.cpp_extension": ("No CUDA runtime is found",),
+}
+"""Logger name -> message prefixes of log records that are hidden (an optional import failing, known notices)."""
+
+INFO_ONLY_LOGGERS: tuple[str, ...] = ("megatron", "nemo_run")
+"""Loggers whose INFO records (set-up details, Bridge's config dumps) are hidden; their warnings still show."""
+
+
+class _DropKnownRecords(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def quiet_third_party(verbose: bool = False) -> None:
+    """Hide ``KNOWN_WARNINGS`` and ``KNOWN_LOG_RECORDS`` in this process (nothing when ``verbose``).
+
+    Logger filters hold whatever level or handlers the libraries set on their loggers when they are imported later.
+    """
+    if verbose:
+        return
+    for message in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=f".*{re.escape(message)}")
+    for name, prefixes in KNOWN_LOG_RECORDS.items():
+        logging.getLogger(name).addFilter(_DropKnownRecords(prefixes))
+    for name in INFO_ONLY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
