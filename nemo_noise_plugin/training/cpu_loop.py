@@ -11,6 +11,7 @@ start).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +47,7 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")
     joined_a_process_group = torch.distributed.is_initialized()  # a caller's (e.g. a test session's): keep it
+    attention_settings = {name: value for name, value in os.environ.items() if name.startswith("NVTE_")}
     init_cpu_parallel(seed=config.rng.seed)
     try:
         _train(config, forward_step, callbacks)
@@ -55,6 +57,16 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
         destroy_num_microbatches_calculator()
         if not joined_a_process_group:
             destroy_cpu_parallel()
+        _restore_attention_settings(attention_settings)
+
+
+def _restore_attention_settings(saved: dict[str, str]) -> None:
+    """Undo the ``NVTE_*`` variables Megatron sets process-wide for the model's attention backend, so models built
+    later in the caller's process (with another backend) are not refused."""
+    for name in [name for name in os.environ if name.startswith("NVTE_")]:
+        if name not in saved:
+            del os.environ[name]
+    os.environ.update(saved)
 
 
 def _build_model(config: Any) -> torch.nn.Module:
