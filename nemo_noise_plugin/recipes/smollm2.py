@@ -22,7 +22,7 @@ from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.instructions import instruction_dataset_config, write_instruction_files
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.recipes.tiny import local_spec_settings
+from nemo_noise_plugin.recipes.tiny import local_spec_settings, recipe_run_dir
 
 __all__ = ["smollm2_135m_noise_distillation_config", "smollm2_135m_noise_sft_config", "smollm2_provider"]
 
@@ -101,10 +101,6 @@ def _instruction_config(
     )
 
 
-def _run_dir(dir: str | None, name: str) -> str:
-    return os.path.join(dir if dir is not None else os.path.join(os.getcwd(), "nemo_experiments"), name)
-
-
 def smollm2_135m_noise_sft_config(
     dir: str | None = None,
     name: str = "smollm2_135m_noise_sft",
@@ -122,7 +118,7 @@ def smollm2_135m_noise_sft_config(
     return _instruction_config(
         provider,
         hf_path,
-        run_dir=_run_dir(dir, name),
+        run_dir=recipe_run_dir(dir, name),
         train_iters=train_iters,
         seq_length=seq_length,
         lr=lr,
@@ -150,7 +146,7 @@ def smollm2_135m_noise_distillation_config(
     return _instruction_config(
         provider,
         hf_path,
-        run_dir=_run_dir(dir, name),
+        run_dir=recipe_run_dir(dir, name),
         train_iters=train_iters,
         seq_length=seq_length,
         lr=lr,

@@ -142,7 +142,8 @@ def small_gpt_config(
     )
 
 
-def _run_dir(dir: str | None, name: str) -> str:
+def recipe_run_dir(dir: str | None, name: str) -> str:
+    """A recipe's run folder: ``dir/name``, by default under ``./nemo_experiments``."""
     return os.path.join(dir if dir is not None else os.path.join(os.getcwd(), "nemo_experiments"), name)
 
 
@@ -160,7 +161,7 @@ def tiny_noise_sft_config(
 
     model = NoisyGPTModelProvider(**_tiny_model_settings(seq_length), noise=noise or NoiseConfig(alpha=5.0))
     return small_gpt_config(
-        model, run_dir=_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
+        model, run_dir=recipe_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
     )
 
 
@@ -181,5 +182,5 @@ def tiny_noise_distillation_config(
         **_tiny_model_settings(seq_length), noise=noise or NoiseConfig(alpha=5.0), kd=kd or KDConfig()
     )
     return small_gpt_config(
-        model, run_dir=_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
+        model, run_dir=recipe_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
     )
