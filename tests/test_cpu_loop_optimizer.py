@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -79,3 +80,13 @@ def test_gradients_are_clipped_to_clip_grad(tmp_path):
     unclipped = _first_update(tmp_path / "off", clip_grad=0.0)
     clipped = _first_update(tmp_path / "on", clip_grad=1e-9)
     assert unclipped > 5e-4 and clipped < unclipped / 10
+
+
+def test_attention_variables_left_by_an_earlier_model_neither_break_the_loop_nor_are_lost(tmp_path, monkeypatch):
+    # An earlier model in this process pinned another attention backend; Megatron would refuse ours on that value.
+    monkeypatch.setenv("NVTE_FLASH_ATTN", "1")
+    monkeypatch.delenv("NVTE_FUSED_ATTN", raising=False)
+    config = tiny_noise_sft_config(dir=str(tmp_path), train_iters=1, lr=1e-3)
+    run_cpu_loop(config, noise_forward_step)
+    assert os.environ.get("NVTE_FLASH_ATTN") == "1"
+    assert "NVTE_FUSED_ATTN" not in os.environ

@@ -47,7 +47,9 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")
     joined_a_process_group = torch.distributed.is_initialized()  # a caller's (e.g. a test session's): keep it
-    attention_settings = {name: value for name, value in os.environ.items() if name.startswith("NVTE_")}
+    # Megatron pins the attention backend process-wide through NVTE_* variables and refuses a model whose backend
+    # disagrees with them: build this one from a clean slate and give the caller its variables back afterwards.
+    attention_settings = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
     init_cpu_parallel(seed=config.rng.seed)
     try:
         _train(config, forward_step, callbacks)
