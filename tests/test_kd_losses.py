@@ -607,3 +607,22 @@ def test_config_defaults_mix_ce_and_forward_kl_on_response_tokens():
     config = KDConfig()
     assert (config.loss, config.ce_weight, config.kd_weight, config.temperature) == ("forward_kl", 1.0, 1.0, 1.0)
     assert (config.tokens, config.top_k, config.hidden_loss, config.kd_scale) == ("response", None, "none", 1.0)
+
+
+def test_the_fused_path_works_in_row_chunks_and_leaves_the_teacher_logits_untouched(monkeypatch):
+    """Row chunks (as for long sequences and large vocabularies) give the one-chunk result; inputs stay as given."""
+    from nemo_noise_plugin.distillation import kd_kernel
+
+    data = make_inputs(4)
+    teacher_before = data["teacher"].clone()
+    whole = data["student"].clone().requires_grad_()
+    ce, kd = cross_entropy_and_forward_kl(whole, data["teacher"], data["labels"], 2.0)
+    (ce + kd * data["weights"]).sum().backward()
+    monkeypatch.setattr(kd_kernel, "_CHUNK_ELEMENTS", 2 * VOCAB)  # two rows per chunk: 9 chunks of 18 rows
+    chunked = data["student"].clone().requires_grad_()
+    chunked_ce, chunked_kd = cross_entropy_and_forward_kl(chunked, data["teacher"], data["labels"], 2.0)
+    (chunked_ce + chunked_kd * data["weights"]).sum().backward()
+    torch.testing.assert_close(chunked_ce, ce, **TIGHT)
+    torch.testing.assert_close(chunked_kd, kd, **TIGHT)
+    torch.testing.assert_close(chunked.grad, whole.grad, **TIGHT)
+    assert torch.equal(data["teacher"], teacher_before)

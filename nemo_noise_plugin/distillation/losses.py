@@ -26,11 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nemo_noise_plugin.distillation.config import KD_LOSSES, KDConfig
+from nemo_noise_plugin.distillation.kd_kernel import shard_gradient, shard_statistics
 from nemo_noise_plugin.distillation.vocab_parallel import (
     all_reduce,
     compute_dtype,
     global_max,
-    log_normaliser,
     sum_over_shards,
     sum_to_replicated,
     token_cross_entropy,
@@ -39,6 +39,7 @@ from nemo_noise_plugin.distillation.vocab_parallel import (
 from nemo_noise_plugin.utils import group_rank, group_size
 
 ProcessGroup = dist.ProcessGroup
+MAX = dist.ReduceOp.MAX
 
 
 def _divergence_terms(student_log_probs: Tensor, teacher_log_probs: Tensor, kind: str, beta: float) -> Tensor:
@@ -169,65 +170,52 @@ def jsd(
 
 
 class _CrossEntropyAndForwardKL(torch.autograd.Function):
-    """Per-token CE (T = 1) and KL(p_T || p_S) (temperature T) of vocab-parallel logits in one memory-lean pass.
+    """Per-token CE (T = 1) and KL(p_T || p_S) (temperature T) of vocab-parallel logits in two passes over them.
 
-    Saves only the logits (alive anyway) and per-token log-normalisers, and recomputes the softmaxes in backward,
-    whose gradient is ``g_ce * (p_S - onehot(label)) + g_kd / T * (p_S,T - p_T,T)`` on each rank's shard. The
-    generic autograd path keeps several float32 ``[b, s, V/tp]`` intermediates alive until backward instead.
+    Forward: each rank reduces its shard to per-token statistics (``kd_kernel.shard_statistics``: maxima,
+    rescaled exponential sums, the teacher-weighted logit gap, the label's logit), combined over the
+    tensor-parallel group into the full-vocabulary log-normalisers, CE and KL. Backward writes
+    ``g_ce * (p_S - onehot(label)) + g_kd / T * (p_S,T - p_T,T)`` on each rank's shard in one more pass. Saves only
+    the logits (alive anyway) and ``[tokens]`` vectors; on CUDA both passes are fused Triton kernels.
     """
 
     @staticmethod
     def forward(ctx, student_logits, teacher_logits, labels, temperature, group):
-        dtype = compute_dtype(student_logits, teacher_logits)
+        shape, shard = student_logits.shape[:-1], student_logits.size(-1)
+        student, teacher = student_logits.reshape(-1, shard), teacher_logits.reshape(-1, shard)
+        local_labels = labels.reshape(-1).long() - group_rank(group) * shard
         with torch.no_grad():
-            student = student_logits.to(dtype)
-            student_lse = log_normaliser(student, group)
-            shard, rank = student.size(-1), group_rank(group)
-            local = labels.long() - rank * shard
-            owned = (local >= 0) & (local < shard)
-            picked = student.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)
-            picked = all_reduce(torch.where(owned, picked, torch.zeros_like(picked)), group)
-            cross_entropy = student_lse.squeeze(-1) - picked
-
-            scaled_student = student / temperature if temperature != 1.0 else student
-            scaled_lse = log_normaliser(scaled_student, group) if temperature != 1.0 else student_lse
-            teacher = teacher_logits.to(dtype) / temperature
-            teacher_lse = log_normaliser(teacher, group)
-            teacher_log_probs = teacher.sub_(teacher_lse)
-            terms = teacher_log_probs.exp() * (teacher_log_probs - (scaled_student - scaled_lse))
-            del teacher, teacher_log_probs, scaled_student
-            divergence = all_reduce(terms.sum(dim=-1), group)
-        ctx.save_for_backward(student_logits, teacher_logits, labels, student_lse, scaled_lse, teacher_lse)
-        ctx.temperature, ctx.group = temperature, group
-        return cross_entropy, divergence
+            stats = shard_statistics(student, teacher, local_labels, temperature)
+            maxima = all_reduce(torch.stack([stats.student_max, stats.scaled_max, stats.teacher_max]), group, MAX)
+            own_maxima = torch.stack([stats.student_max, stats.scaled_max, stats.teacher_max])
+            rescale = (own_maxima - maxima).exp_()
+            sums = torch.stack([stats.student_sum, stats.scaled_sum, stats.teacher_sum, stats.teacher_cross])
+            sums[:3] *= rescale
+            sums[3] *= rescale[2]
+            sums = all_reduce(torch.cat([sums, stats.label_logit.unsqueeze(0)]), group)
+            student_lse, scaled_lse, teacher_lse = (maxima + sums[:3].log()).unbind(0)
+            cross_entropy = student_lse - sums[4]
+            divergence = sums[3] / sums[2] - teacher_lse + scaled_lse
+        ctx.save_for_backward(student, teacher, local_labels, student_lse, scaled_lse, teacher_lse)
+        ctx.temperature, ctx.shape = temperature, student_logits.shape
+        return cross_entropy.reshape(shape), divergence.reshape(shape)
 
     @staticmethod
     def backward(ctx, grad_ce, grad_kd):
-        student_logits, teacher_logits, labels, student_lse, scaled_lse, teacher_lse = ctx.saved_tensors
-        temperature, group = ctx.temperature, ctx.group
-        dtype = compute_dtype(student_logits, teacher_logits)
-        student = student_logits.to(dtype)
-        kd_weight = None if grad_kd is None else (grad_kd / temperature).unsqueeze(-1)
-        ce_weight = None if grad_ce is None else grad_ce.unsqueeze(-1)
-        if temperature == 1.0:  # one softmax serves both terms: p_S * (g_ce + g_kd) - p_T * g_kd - onehot * g_ce
-            total = sum(weight for weight in (kd_weight, ce_weight) if weight is not None)
-            grad = (student - student_lse).exp_().mul_(total)
-        else:
-            grad = torch.zeros_like(student)
-            if kd_weight is not None:
-                grad += (student / temperature - scaled_lse).exp_().mul_(kd_weight)
-            if ce_weight is not None:
-                grad += (student - student_lse).exp_().mul_(ce_weight)
-        if kd_weight is not None:
-            grad -= (teacher_logits.to(dtype) / temperature - teacher_lse).exp_().mul_(kd_weight)
-        if grad_ce is not None:
-            shard = student.size(-1)
-            local = labels.long() - group_rank(group) * shard
-            owned = (local >= 0) & (local < shard)
-            grad.scatter_add_(
-                -1, local.clamp(0, shard - 1).unsqueeze(-1), (-grad_ce * owned.to(grad.dtype)).unsqueeze(-1)
-            )
-        return grad.to(student_logits.dtype), None, None, None, None
+        student, teacher, local_labels, student_lse, scaled_lse, teacher_lse = ctx.saved_tensors
+        zeros = torch.zeros_like(student_lse)
+        ce_weight = zeros if grad_ce is None else grad_ce.reshape(-1).to(zeros.dtype)
+        kd_weight = zeros if grad_kd is None else grad_kd.reshape(-1).to(zeros.dtype)
+        grad = shard_gradient(
+            student,
+            teacher,
+            local_labels,
+            ctx.temperature,
+            (student_lse, scaled_lse, teacher_lse),
+            ce_weight,
+            kd_weight,
+        )
+        return grad.reshape(ctx.shape), None, None, None, None
 
 
 def cross_entropy_and_forward_kl(
