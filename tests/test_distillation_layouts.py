@@ -10,6 +10,7 @@ must agree.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.multiprocess import run_on_gloo_ranks
@@ -91,6 +92,7 @@ def _distil_on_dp_rank(rank: int, world_size: int, port: int) -> dict:
         destroy_cpu_parallel()
 
 
+@pytest.mark.slow
 def test_dp2_noise_and_distillation_equal_dp1():
     (reference,) = run_on_gloo_ranks(_distil_on_dp_rank, 1)
     first, second = run_on_gloo_ranks(_distil_on_dp_rank, 2)

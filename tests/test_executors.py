@@ -87,6 +87,7 @@ def offline_hub_with_llama_config(tmp_path, monkeypatch, smollm2_hf_dir):  # noq
 # --- dry runs -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_slurm_dry_run_of_llama31_8b_distillation_on_two_nodes_of_eight_gpus(
     cli_llm, nemorun_home, offline_hub_with_llama_config, capsys, monkeypatch
 ):

@@ -11,6 +11,8 @@ import tomllib
 import zipfile
 from importlib import metadata
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -67,6 +69,7 @@ def test_the_wheel_ships_the_presets_and_the_corpus(tmp_path):
     assert not any(name.startswith(("tests/", "nemo_noise_plugin/testing/")) for name in names)
 
 
+@pytest.mark.slow
 def test_the_wheel_installed_outside_the_checkout_runs_its_commands_and_presets(tmp_path):
     """A fresh virtual environment holding only the built wheel (dependencies borrowed from this one)."""
     wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"

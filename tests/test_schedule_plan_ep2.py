@@ -8,6 +8,7 @@ combine nodes really release their inputs (``free_input``), which EP=1 cannot sh
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.multiprocess import run_on_gloo_ranks
@@ -95,6 +96,7 @@ def _ep2_rank(rank: int, world_size: int, port: int) -> dict[str, dict]:
     return results
 
 
+@pytest.mark.slow
 def test_plan_matches_the_normal_path_at_ep2_and_megatrons_plan_misses_the_final_norm():
     for rank, results in enumerate(run_on_gloo_ranks(_ep2_rank, 2, timeout=600)):
         print(f"rank {rank}:")

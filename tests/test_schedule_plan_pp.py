@@ -11,6 +11,7 @@ plugin's post-process node although it carries no noise), 4 experts, top-2, allt
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.multiprocess import run_on_gloo_ranks
@@ -116,6 +117,7 @@ def _count_plans(chunks) -> list[int]:
     return counts
 
 
+@pytest.mark.slow
 def test_interleaved_plan_matches_the_normal_interleaved_path_and_noises_one_chunk():
     ranks = run_on_gloo_ranks(_interleaved_rank, 4, timeout=900)
     for rank, result in enumerate(ranks):
