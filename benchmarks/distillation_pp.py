@@ -14,14 +14,15 @@ fixed random tensor), in these modes:
 - ``last_full_teacher``: the other design, a complete teacher on the last stage (both teacher chunks run there);
 - ``first_plain_again``: plain again, the plain-vs-plain control.
 
-All modes live in one process and are interleaved (each repeat runs every mode once, in order); times are CUDA-
-synchronised steps, the median of ``--steps`` per repeat; ratios are per repeat against the same repeat's plain,
-reported as median [min-max] over repeats. Memory: the activation peak of a stage's step
+All modes live in one process and are measured by the method of ``benchmarks/step_timing.py``: interleaved repeats
+in rotating order, CUDA-synchronised steps, the first ``--discard`` of each slot dropped, per-repeat ratios against
+the same repeat's plain step of the stage, reported as median [bootstrap 95 %] (min, max).
+Memory: the activation peak of a stage's step
 (``max_memory_allocated`` minus what was allocated before it), plus the stage's resident state counted from
 parameter numbers: bf16 weights (2 B/param), fp32 main grads + Adam master/m/v (16 B/param, Bridge's default
 optimizer without distributed sharding) and, with KD, the teacher's bf16 weights (2 B/param).
 
-    python benchmarks/distillation_pp.py [--repeats 5] [--steps 6] [--tiny --cpu]
+    python benchmarks/distillation_pp.py [--repeats 5] [--steps 6] [--discard 1] [--tiny --cpu]
 """
 
 from __future__ import annotations
@@ -30,7 +31,13 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.step_timing, from a checkout
+
+from benchmarks.step_timing import format_ratio, measure_interleaved, ratio_summary, repeat_medians  # noqa: E402
 
 MODEL = dict(num_layers=4, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=16, vocab_size=32768)
 TINY = dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, vocab_size=256)
@@ -210,7 +217,7 @@ def _parameters(module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def run(repeats: int, steps: int, tiny: bool, device: str) -> dict:
+def run(repeats: int, steps: int, discard: int, tiny: bool, device: str) -> dict:
     import torch
 
     _setup(device)
@@ -221,43 +228,55 @@ def run(repeats: int, steps: int, tiny: bool, device: str) -> dict:
     stages = {mode: Stage(mode, provider, chunks, teachers, batch, device) for mode in MODES}
     for stage in stages.values():  # warm-up: allocator, kernels, gradients allocated
         stage.step()
-    times = {mode: [] for mode in MODES}
     activation_peak = dict.fromkeys(MODES, 0)
-    for _ in range(repeats):
-        for mode, stage in stages.items():
+
+    def runner(mode: str):
+        def run_steps(count: int) -> list[float]:
             samples = []
-            for _ in range(steps):
+            for _ in range(count):
                 synchronize()
                 if device != "cpu":
                     before = torch.cuda.memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
                 started = time.perf_counter()
-                stage.step()
+                stages[mode].step()
                 synchronize()
                 samples.append(time.perf_counter() - started)
                 if device != "cpu":
                     activation_peak[mode] = max(activation_peak[mode], torch.cuda.max_memory_allocated() - before)
-            times[mode].append(statistics.median(samples))
+            return samples
+
+        return run_steps
+
+    measured = measure_interleaved({mode: runner(mode) for mode in MODES}, repeats, steps, discard)
+    times = {mode: repeat_medians(repeats_of_mode) for mode, repeats_of_mode in measured.items()}
     counts = {name: _parameters(chunk) for name, chunk in chunks.items()}
-    return {"times": times, "activation_peak": activation_peak, "parameters": counts, "model": model, "seq": seq}
+    return {
+        "times": times,
+        "step_seconds_per_repeat": measured,
+        "activation_peak": activation_peak,
+        "parameters": counts,
+        "model": model,
+        "seq": seq,
+    }
 
 
 def report(result: dict) -> str:
     times, peaks, counts = result["times"], result["activation_peak"], result["parameters"]
     lines = [
         f"GPT PP=2 split {result['model']} per stage, seq {result['seq']}, micro-batch {MICRO_BATCH}, "
-        f"{MICROBATCHES} microbatches per step, {len(times['first_plain'])} interleaved repeats"
+        f"{MICROBATCHES} microbatches per step, {len(times['first_plain'])} interleaved repeats "
+        "(benchmarks/step_timing.py)"
     ]
     gib = 2**30
     baseline = {"first": "first_plain", "last": "last_plain"}
     lines.append(
-        f"{'mode':<20}{'step ms (median)':>18}{'vs plain: median [min-max]':>30}"
+        f"{'mode':<20}{'step ms (median)':>18}  {'vs plain: median [bootstrap 95 %] (min, max)':<46}"
         f"{'act. peak GiB':>15}{'stage GiB':>11}{'vs plain':>10}"
     )
     for mode in MODES:
         stage = "first" if mode.startswith("first") else "last"
-        plain = times[baseline[stage]]
-        ratios = [t / p for t, p in zip(times[mode], plain, strict=True)]
+        summary = ratio_summary([[value] for value in times[mode]], [[value] for value in times[baseline[stage]]])
         resident = 18 * counts[stage]
         if mode in ("first_kd", "last_kd"):
             resident += 2 * counts[stage]
@@ -267,7 +286,7 @@ def report(result: dict) -> str:
         plain_total = 18 * counts[stage] + peaks[baseline[stage]]
         lines.append(
             f"{mode:<20}{1000 * statistics.median(times[mode]):>18.1f}"
-            f"{statistics.median(ratios):>12.3f}x [{min(ratios):.3f}-{max(ratios):.3f}]"
+            f"  {format_ratio(summary):<46}"
             f"{peaks[mode] / gib:>15.2f}{total / gib:>11.2f}{total / plain_total:>9.3f}x"
         )
     lines.append(f"parameters: first chunk {counts['first'] / 1e6:.1f} M, last chunk {counts['last'] / 1e6:.1f} M")
@@ -277,12 +296,13 @@ def report(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=6, help="steps per mode per repeat")
+    parser.add_argument("--discard", type=int, default=1, help="steps dropped at the start of each slot")
     parser.add_argument("--tiny", action="store_true", help="a tiny model (a quick check of the script)")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU (with --tiny)")
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args()
-    result = run(args.repeats, args.steps, args.tiny, "cpu" if args.cpu else "cuda")
+    result = run(args.repeats, args.steps, args.discard, args.tiny, "cpu" if args.cpu else "cuda")
     print(report(result), flush=True)
     if args.json:
         with open(args.json, "w") as handle:

@@ -12,9 +12,9 @@ steps and a Bridge ``GlobalState``:
    with noise of alpha 1e-6 (all the noise work, but too small to change which experts the router picks), with
    NEFTune alpha 5, and with noise + KD (clean teacher forward included). Noise that changes the embeddings also
    changes the routing, hence the experts' load and the all-to-all sizes: the alpha 1e-6 row is the cost of the
-   noise itself, the alpha 5 row includes the effect of the different routing. The three run in interleaved
-   rounds (rotating which goes first) after a warm-up, on the same weights, with CUDA synchronisation around each
-   step; the median step times are printed as ratios to the plain plan.
+   noise itself, the alpha 5 row includes the effect of the different routing. All run on the same weights with
+   CUDA synchronisation around each step, by the method of ``benchmarks/step_timing.py``: interleaved repeats in
+   rotating order, per-repeat ratios to the plain plan summarised with a bootstrap interval and min-max.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ import torch
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY))  # tests.support: the test builders, importable from a checkout
 
+from benchmarks.step_timing import format_ratio, measure_interleaved, ratio_summary, repeat_medians  # noqa: E402
+
 MODEL = dict(num_layers=4, hidden_size=1024, num_attention_heads=16, moe_ffn_hidden_size=2048, vocab_size=32768)
 
 
@@ -40,8 +42,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seq-length", type=int, default=2048)
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--microbatches", type=int, default=4)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--warmup", type=int, default=3, help="steps of each mode before the repeats")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=6, help="steps per mode per repeat")
+    parser.add_argument("--discard", type=int, default=2, help="steps dropped at the start of each slot")
     parser.add_argument("--sync-debug", action="store_true", help="list where each mode makes the host wait")
     parser.add_argument("--json", help="write the results here (rank 0)")
     return parser.parse_args()
@@ -187,23 +191,32 @@ def step_times(args, world_size: int, rank: int) -> dict[str, float]:
     batches = _batches(args, seed=200 + rank)
     if args.sync_debug:
         _report_host_syncs(built, batches, args, world_size, rank)
-    times: dict[str, list[float]] = {name: [] for name in modes}
-    names = list(built)
-    for round_index in range(args.warmup + args.rounds):
-        order = names[round_index % len(names) :] + names[: round_index % len(names)]  # rotate: no fixed position
-        for name in order:
-            (provider, model), forward_step = built[name]
-            torch.cuda.synchronize()
-            torch.distributed.barrier()
-            start = time.perf_counter()
-            _step(forward_step, provider, model, batches, args, world_size)
-            torch.cuda.synchronize()
-            if round_index >= args.warmup:
-                times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+
+    def runner(name: str):
+        (provider, model), forward_step = built[name]
+
+        def steps(count: int) -> list[float]:
+            times = []
+            for _ in range(count):
+                torch.cuda.synchronize()
+                torch.distributed.barrier()
+                start = time.perf_counter()
+                _step(forward_step, provider, model, batches, args, world_size)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            return times
+
+        return steps
+
+    runners = {name: runner(name) for name in built}
+    for steps in runners.values():
+        steps(args.warmup)
+    measured = measure_interleaved(runners, args.repeats, args.steps, args.discard)
+    medians = {name: repeat_medians(repeats) for name, repeats in measured.items()}
     gathered = [None] * world_size
     torch.distributed.all_gather_object(gathered, medians)
-    return {name: max(rank_medians[name] for rank_medians in gathered) for name in modes}  # the slower rank
+    # Per repeat, the slower rank's median: a step ends when both ranks have finished it.
+    return {name: [max(values) for values in zip(*(g[name] for g in gathered), strict=True)] for name in modes}
 
 
 def _report_host_syncs(built, batches, args, world_size: int, rank: int) -> None:
@@ -233,9 +246,10 @@ def main() -> None:
     )
     results = {"equivalence": equivalence(args, world_size, rank)}
     medians = step_times(args, world_size, rank)
-    plain = medians["plain plan (Megatron)"]
-    results["step time (s, median, slower rank)"] = medians
-    results["ratio to the plain plan"] = {name: value / plain for name, value in medians.items()}
+    plain = [[value] for value in medians["plain plan (Megatron)"]]
+    results["step time per repeat (s, median of the slot, slower rank)"] = medians
+    summaries = {name: ratio_summary([[value] for value in values], plain) for name, values in medians.items()}
+    results["ratio to the plain plan"] = summaries
     if rank == 0:
         device = torch.cuda.get_device_name()
         print(
@@ -244,8 +258,13 @@ def main() -> None:
         )
         for name, result in results["equivalence"].items():
             print(f"equivalence, {name}: {result}")
-        for name, value in medians.items():
-            print(f"{name:>24}: {value * 1000:8.2f} ms  ({value / plain:.4f}x the plain plan)")
+        print(
+            f"{args.repeats} interleaved repeats x {args.steps} steps (first {args.discard} dropped); ratio = median "
+            "of per-repeat ratios [bootstrap 95 %] (min, max); '2nd copy' is the control"
+        )
+        for name, values in medians.items():
+            step_ms = 1000 * statistics.median(values)
+            print(f"{name:>24}: {step_ms:8.2f} ms  {format_ratio(summaries[name])} the plain plan")
         if args.json:
             with open(args.json, "w") as handle:
                 json.dump(results, handle, indent=2)
