@@ -183,12 +183,20 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
     """Bridge callback: the robustness curve of the first model chunk at the start and at the end of training.
 
     At the end (rank 0) it prints the table and writes ``robustness.{json,png}`` into ``report`` (a ``RunReport``:
-    ``<run dir>/reports/<run id>/``, both files or none). A run that stops before its last iteration writes no
-    report.
+    ``<run dir>/reports/<run id>/``, both files or none), with the ``references`` curves (e.g. the same training
+    without noise) beside its own. With ``report=None`` it only measures the end curve (``curves["after"]``), for a
+    reference run. A run that stops before its last iteration writes no report.
     """
 
-    def __init__(self, noise: NoiseConfig, report: RunReport, title: str = "") -> None:
+    def __init__(
+        self,
+        noise: NoiseConfig,
+        report: RunReport | None,
+        title: str = "",
+        references: dict[str, list[RobustnessPoint]] | None = None,
+    ) -> None:
         self.noise, self.report, self.title = noise, report, title
+        self.references = dict(references or {})
         self.curves: dict[str, list[RobustnessPoint]] = {}
         self.folder: Path | None = None
         """The written report's folder, once training has ended."""
@@ -204,11 +212,16 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
         return robustness_curve(model, self.batches, self.noise, sweep_scales(self.noise), logits_of)
 
     def on_train_start(self, context: Any) -> None:
+        if self.report is None:
+            return
         self.curves["before"] = self._curve(context)
         if context.state.train_state.step:
             print(f"resumed: the report's 'before' is the model at iteration {context.state.train_state.step}")
 
     def on_train_end(self, context: Any) -> None:
         self.curves["after"] = self._curve(context)
+        if self.report is None:
+            return
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-            self.folder = write_report(self.curves, scale_field(self.noise), self.report, self.title)
+            curves = {"before": self.curves["before"], **self.references, "after": self.curves["after"]}
+            self.folder = write_report(curves, scale_field(self.noise), self.report, self.title)

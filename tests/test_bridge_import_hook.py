@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # two fresh interpreters importing Bridge: about a minute on 2 cores
+
 SCRIPT = """
 import json, sys
 import nemo_noise_plugin

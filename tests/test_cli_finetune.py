@@ -396,6 +396,7 @@ def test_nemo_llm_finetune_without_cuda_stops_with_the_message(tmp_path):
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU loop, which runs where CUDA is missing")
+@pytest.mark.slow
 def test_nemo_llm_finetune_of_a_tiny_recipe_without_cuda_runs_the_cpu_loop_and_reports(tmp_path):
     result = _nemo("llm", "finetune", "-f", "tiny_noise_sft", "-y", "train.train_iters=3", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -8,9 +8,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 NEMO = pathlib.Path(sys.executable).with_name("nemo")
 
 
+@pytest.mark.slow
 def test_finetune_help_lists_only_the_options_that_work():
     result = subprocess.run(
         [str(NEMO), "llm", "finetune", "--help"],

@@ -28,27 +28,44 @@ def test_main_job_trains_the_tiny_recipe_and_writes_the_robustness_report(tmp_pa
     out = result.stdout
     assert "recipe tiny_noise_sft on the embedded corpus" in out
     assert "CPU loop (Bridge's training loop needs CUDA)" in out and "CPU substitutes in use" in out
+    # First the control (the same 6 steps without noise), then the noisy run: the report compares the two.
+    assert out.index("-- control: the same 6 steps without noise --") < out.index("-- noise training:")
+    assert "NoiseConfig(enabled=False" in out.split("-- noise training:")[0]
     rows = [row for row in _rows(out) if len(row) == 4]
-    assert [int(row[0]) for row in rows] == [1, 2, 3, 4, 5, 6]
-    losses = [float(row[1]) for row in rows]
+    assert [int(row[0]) for row in rows] == [1, 2, 3, 4, 5, 6] * 2
+    losses = [float(row[1]) for row in rows[6:]]
     assert losses[-1] < losses[0] - 1.0  # it learns the corpus
     latest = tmp_path / "tiny_noise_sft" / "reports" / "latest"  # each run keeps its report under its run id
     report = json.loads((latest / "robustness.json").read_text())
-    assert set(report) == {"before", "after"}
-    before, after = report["before"], report["after"]
+    assert list(report) == ["before", "no noise", "after"]
+    before, control, after = report["before"], report["no noise"], report["after"]
     assert [point["scale"] for point in before] == [0.0, 2.5, 5.0, 10.0, 20.0, 40.0]
+    assert [point["scale"] for point in control] == [point["scale"] for point in after]
     assert before[0]["kl"] == 0.0 and before[-1]["kl"] > before[1]["kl"] > 0  # more noise, more shift
     assert after[0]["loss"] < before[0]["loss"] - 1.0
+    assert control[0]["loss"] < before[0]["loss"] - 1.0 and control[0]["loss"] != after[0]["loss"]
     assert (latest / "robustness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "tiny_noise_sft" / "data").is_dir()  # the corpus as a Megatron indexed dataset
 
 
-def test_main_job_runs_the_distillation_recipe_and_reports_the_kd_loss(tmp_path):
-    result = _run_demo("--recipe", "tiny_noise_distillation", "--steps", "2", "--output-dir", str(tmp_path))
+def test_the_distillation_recipe_distils_from_a_clean_pretrained_teacher(tmp_path):
+    result = _run_demo(
+        "--recipe", "tiny_noise_distillation", "--steps", "2", "--clean-pretrain-steps", "25", "--no-control",
+        "--output-dir", str(tmp_path),
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [row for row in _rows(result.stdout) if len(row) == 4]
-    assert len(rows) == 2
-    assert all(float(row[2]) >= 0 for row in rows) and float(rows[-1][2]) > 0
+    out = result.stdout
+    assert "-- clean pre-training: 25 steps, noise and KD off" in out and "-- control:" not in out
+    assert "2 steps after 25 clean" in out
+    rows = [row for row in _rows(out) if len(row) == 4]
+    assert len(rows) == 25 + 2
+    pretraining, distillation = rows[:25], rows[25:]
+    assert all(float(row[2]) == 0 for row in pretraining)  # KD off while pre-training
+    assert float(pretraining[-1][1]) < float(pretraining[0][1]) - 1.0
+    # The distillation run starts from the pre-trained weights (not the random start) and its teacher is that
+    # model, so the KD loss is only the shift that the noise causes: small, not the gap to a random teacher.
+    assert float(distillation[0][1]) < float(pretraining[0][1]) - 1.0
+    assert all(0 < float(row[2]) < 0.5 for row in distillation)
 
 
 def test_main_job_rejects_bad_noise_settings_with_the_field_name():

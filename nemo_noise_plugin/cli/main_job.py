@@ -48,6 +48,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="GPU only: save a checkpoint and stop at this iteration, as an interrupted run would; running the same "
         "command without it resumes there from the checkpoint in --output-dir",
     )
+    parser.add_argument(
+        "--clean-pretrain-steps",
+        type=int,
+        help="clean steps (noise and KD off) before the noisy run, which starts from them; default: the recipe's "
+        "(100 for tiny_noise_distillation, whose teacher is then a trained model; else 0)",
+    )
+    parser.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="skip the control run (the same steps without noise) that the report compares against",
+    )
     parser.add_argument("--output-dir", default="outputs/main_job", help="report, plot and data (default %(default)s)")
     parser.add_argument("--noise-config", help="a noise preset name (e.g. gaussian) or a YAML of NoiseConfig fields")
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
@@ -62,6 +74,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--steps={args.steps} is invalid: expected an integer >= 1.")
     if args.stop_after is not None and not 1 <= args.stop_after < args.steps:
         parser.error(f"--stop-after={args.stop_after} is invalid: expected an integer in [1, --steps={args.steps}).")
+    if args.clean_pretrain_steps is not None and args.clean_pretrain_steps < 0:
+        parser.error(f"--clean-pretrain-steps={args.clean_pretrain_steps} is invalid: expected an integer >= 0.")
     if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         parser.error(f"--lr={args.lr} is invalid: expected a finite number > 0.")
     return args
@@ -151,7 +165,14 @@ def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
     config.train.exit_interval = args.stop_after
     config.rng.seed = args.seed
     try:
-        launch_with_report(config, output_dir=str(Path(args.output_dir) / args.recipe), label=f"recipe {args.recipe}")
+        pretrain = args.clean_pretrain_steps
+        launch_with_report(
+            config,
+            output_dir=str(Path(args.output_dir) / args.recipe),
+            label=f"recipe {args.recipe}",
+            control=args.control,
+            clean_pretrain_steps=RECIPES[args.recipe].clean_pretrain_steps if pretrain is None else pretrain,
+        )
     except ValueError as error:  # the plugin's settings, re-validated before the model is built
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE

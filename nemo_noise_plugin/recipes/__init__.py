@@ -26,6 +26,9 @@ class Recipe:
     """Trains on data shipped with the package (the tiny recipes' corpus, the SmolLM2 recipes' instruction set): runs
     on the CPU loop without a GPU and writes the robustness report. The SmolLM2 model itself comes from the package
     index (``pretrained.ensure_smollm2_hf``), converted once and cached."""
+    clean_pretrain_steps: int = 0
+    """Steps of clean training (noise and KD off) the main job runs first, for recipes that start from random weights
+    but distil from a teacher copied from the start: the tiny distillation recipe's teacher is then a trained model."""
 
 
 _HF_MODELS = ("llama32_1b", "llama31_8b", "qwen3_8b")
@@ -33,7 +36,7 @@ _HF_MODELS = ("llama32_1b", "llama31_8b", "qwen3_8b")
 RECIPES: dict[str, Recipe] = {
     "tiny_noise_sft": Recipe("nemo_noise_plugin.recipes.tiny:tiny_noise_sft_config", embedded_corpus=True),
     "tiny_noise_distillation": Recipe(
-        "nemo_noise_plugin.recipes.tiny:tiny_noise_distillation_config", embedded_corpus=True
+        "nemo_noise_plugin.recipes.tiny:tiny_noise_distillation_config", embedded_corpus=True, clean_pretrain_steps=100
     ),
     "smollm2_135m_noise_sft": Recipe(
         "nemo_noise_plugin.recipes.smollm2:smollm2_135m_noise_sft_config", embedded_corpus=True

@@ -112,7 +112,7 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any]) -> Non
     optimizer, scheduler = build_optimizer(config, parameters)
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters ({type(model).__name__});")
     print(f"noise: {_non_default(config.model.noise)}; {micro_batches} microbatches of {train.micro_batch_size}")
-    fire("on_train_start")
+    fire("on_train_start", optimizer=optimizer, scheduler=scheduler)
     model.train()
     for step in range(train.train_iters):
         state.train_state.step = step

@@ -111,19 +111,27 @@ def launch(
     training_entry_for(config)(config, step, callbacks=callbacks)
 
 
-def launch_with_report(config: Any, *, output_dir: str, label: str) -> Path | None:
+def launch_with_report(
+    config: Any, *, output_dir: str, label: str, control: bool = True, clean_pretrain_steps: int = 0
+) -> Path | None:
     """Train a recipe on the embedded corpus with progress lines, then write the robustness report.
 
     Bridge's loop on a GPU (checkpoints under ``config.checkpoint.save``, resumable), else the CPU loop, which says
     so; the report is computed by a Bridge callback at the start and at the end of training either way, and written
     to ``output_dir/reports/<run id>/robustness.{json,png}`` (both files or none; ``reports/latest`` points at the
     newest). Returns that folder, or None when training ended before its last iteration.
+
+    ``clean_pretrain_steps`` > 0 first trains the model that many steps with noise and KD off, and every run after it
+    starts from those weights (a distillation run's teacher is then that pre-trained model). ``control`` also trains
+    the same recipe, steps and seed without noise, and the report shows its curve as ``no noise`` beside ``after``:
+    what noise training changed, against what training alone did.
     """
     from nemo_noise_plugin.artifacts import RunReport
     from nemo_noise_plugin.batches import is_finetuning_dataset
     from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS
     from nemo_noise_plugin.robustness import RobustnessReport
     from nemo_noise_plugin.training.progress import ProgressLine
+    from nemo_noise_plugin.training.warm_start import CaptureWeights, StartFromWeights
 
     on_gpu = cuda_available()
     if not on_gpu and config.train.exit_interval is not None:
@@ -131,18 +139,62 @@ def launch_with_report(config: Any, *, output_dir: str, label: str) -> Path | No
             f"train.exit_interval={config.train.exit_interval} (--stop-after) needs Bridge's training loop (a GPU); "
             "the CPU loop writes no checkpoint."
         )
+    if clean_pretrain_steps < 0:
+        raise ValueError(f"clean_pretrain_steps={clean_pretrain_steps} is invalid: expected an integer >= 0.")
     where = ", Bridge's training loop" if on_gpu else ""
     print(f"== nemo-noise-plugin main job: {label} on the embedded corpus{where} ==")
     noise = config.model.noise
+    start: list[Any] = []
+    if clean_pretrain_steps:
+        print(f"-- clean pre-training: {clean_pretrain_steps} steps, noise and KD off; the runs below start from it --")
+        capture = CaptureWeights()
+        launch(
+            _variant(config, "pretrain", noise=False, kd=False, steps=clean_pretrain_steps),
+            callbacks=[capture, ProgressLine()],
+            allow_cpu_loop=True,
+        )
+        start = [StartFromWeights(capture.weights)]
+    references = {}
+    if control and noise.enabled:
+        print(f"-- control: the same {config.train.train_iters} steps without noise --")
+        reference = RobustnessReport(noise, None)
+        launch(
+            _variant(config, "control", noise=False), callbacks=[*start, reference, ProgressLine()], allow_cpu_loop=True
+        )
+        references["no noise"] = reference.curves["after"]
     field = MAGNITUDE_FIELDS[noise.mechanism]
     title = f"{label}: {noise.mechanism} {field}={getattr(noise, field)}, {config.train.train_iters} steps"
-    report = RobustnessReport(noise, RunReport(output_dir), title)
-    callbacks = [report, ProgressLine()]
+    if clean_pretrain_steps:
+        title += f" after {clean_pretrain_steps} clean"
+    print(f"-- noise training: {title} --")
+    report = RobustnessReport(noise, RunReport(output_dir), title, references)
+    callbacks = [*start, report, ProgressLine()]
     if is_finetuning_dataset(config.dataset):  # instruction recipes: held-out exact match, HF export, generation
         from nemo_noise_plugin.evaluation import TaskReport
 
-        callbacks.insert(1, TaskReport(f"{output_dir}/task_report"))
+        callbacks.insert(len(start) + 1, TaskReport(f"{output_dir}/task_report"))
     launch(config, callbacks=callbacks, allow_cpu_loop=True)
     if "after" not in report.curves:
         print("no robustness report: training ended before its last iteration")
     return report.folder
+
+
+def _variant(config: Any, name: str, *, noise: bool = True, kd: bool = True, steps: int | None = None) -> Any:
+    """A copy of ``config`` for a side run: noise and/or KD off, other steps, its own checkpoint folder."""
+    import copy
+    import dataclasses
+
+    variant = copy.deepcopy(config)
+    if not noise:
+        variant.model.noise = dataclasses.replace(variant.model.noise, enabled=False)
+    if not kd and getattr(variant.model, "kd", None) is not None:
+        variant.model.kd = dataclasses.replace(variant.model.kd, enabled=False)
+    if steps is not None:
+        variant.train.train_iters = steps
+        variant.scheduler.lr_decay_iters = None  # derived from the new train_iters
+    variant.train.exit_interval = None
+    checkpoint = variant.checkpoint
+    if checkpoint.save:
+        checkpoint.save = str(Path(checkpoint.save) / name)
+        checkpoint.load = checkpoint.save
+    return variant

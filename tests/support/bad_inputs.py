@@ -222,6 +222,12 @@ def _main_job_cases() -> list[BadInput]:
         BadInput("python -m nemo_noise_plugin", "--steps 0", _main_job("--steps", "0"), ("--steps=0",)),
         BadInput("python -m nemo_noise_plugin", "--steps -3", _main_job("--steps", "-3"), ("--steps=-3",)),
         BadInput("python -m nemo_noise_plugin", "--steps abc", _main_job("--steps", "abc"), ("--steps", "abc")),
+        BadInput(
+            "python -m nemo_noise_plugin",
+            "--clean-pretrain-steps -1",
+            _main_job("--clean-pretrain-steps", "-1"),
+            ("--clean-pretrain-steps=-1", ">= 0"),
+        ),
         BadInput("python -m nemo_noise_plugin", "--lr nan", _main_job("--lr", "nan"), ("--lr=nan",)),
         BadInput("python -m nemo_noise_plugin", "--lr inf", _main_job("--lr", "inf"), ("--lr=inf",)),
         BadInput("python -m nemo_noise_plugin", "--lr 0", _main_job("--lr", "0"), ("--lr=0",)),
