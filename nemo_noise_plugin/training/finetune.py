@@ -202,8 +202,9 @@ def run_finetune(
     from nemo_noise_plugin.training.launch import launch, launch_with_report
     from nemo_noise_plugin.training.progress import ProgressLine
 
-    if embedded_corpus:  # the main job's run: Bridge's loop on a GPU, else the CPU loop; the robustness report
-        launch_with_report(config, output_dir=run_dir or _report_dir(config), label=f"factory {factory}")
+    if embedded_corpus:  # Bridge's loop on a GPU, else the CPU loop; the robustness report (no side runs here:
+        # the control and the clean pre-training are the main job's, ``nemo llm finetune`` trains what it is given)
+        launch_with_report(config, output_dir=run_dir or _report_dir(config), label=f"factory {factory}", control=False)
     else:
         launch(config, callbacks=[ProgressLine()])
     return config

@@ -161,7 +161,8 @@ def launch_with_report(
         launch(
             _variant(config, "control", noise=False), callbacks=[*start, reference, ProgressLine()], allow_cpu_loop=True
         )
-        references["no noise"] = reference.curves["after"]
+        if "after" in reference.curves:  # absent when the control stopped before its last iteration
+            references["no noise"] = reference.curves["after"]
     field = MAGNITUDE_FIELDS[noise.mechanism]
     title = f"{label}: {noise.mechanism} {field}={getattr(noise, field)}, {config.train.train_iters} steps"
     if clean_pretrain_steps:
