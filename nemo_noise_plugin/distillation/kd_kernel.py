@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from nemo_noise_plugin.distillation.vocab_parallel import compute_dtype
 from nemo_noise_plugin.noise.triton_kernel import triton_available
 
 __all__ = ["ShardStatistics", "shard_gradient", "shard_statistics", "use_kd_kernel"]
@@ -75,17 +76,13 @@ def shard_gradient(
     return _gradient_torch(student, teacher, local_labels, temperature, lse, ce_weight, kd_weight)
 
 
-def _compute_dtype(student: Tensor) -> torch.dtype:
-    return torch.promote_types(torch.float32, student.dtype)
-
-
 def _row_chunks(tokens: int, vocab: int) -> list[slice]:
     rows = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
     return [slice(start, min(start + rows, tokens)) for start in range(0, tokens, rows)]
 
 
 def _statistics_torch(student: Tensor, teacher: Tensor, local_labels: Tensor, temperature: float) -> ShardStatistics:
-    dtype = _compute_dtype(student)
+    dtype = compute_dtype(student)
     tokens, vocab = student.shape
     parts: list[list[Tensor]] = [[] for _ in ShardStatistics._fields]
     owned = (local_labels >= 0) & (local_labels < vocab)
@@ -110,7 +107,7 @@ def _statistics_torch(student: Tensor, teacher: Tensor, local_labels: Tensor, te
 
 
 def _gradient_torch(student, teacher, local_labels, temperature, lse, ce_weight, kd_weight) -> Tensor:
-    dtype = _compute_dtype(student)
+    dtype = compute_dtype(student)
     tokens, vocab = student.shape
     student_lse, scaled_lse, teacher_lse = (value.unsqueeze(-1) for value in lse)
     ce_weight, kd_weight = ce_weight.to(dtype).unsqueeze(-1), (kd_weight.to(dtype) / temperature).unsqueeze(-1)

@@ -186,8 +186,8 @@ class _CrossEntropyAndForwardKL(torch.autograd.Function):
         local_labels = labels.reshape(-1).long() - group_rank(group) * shard
         with torch.no_grad():
             stats = shard_statistics(student, teacher, local_labels, temperature)
-            maxima = all_reduce(torch.stack([stats.student_max, stats.scaled_max, stats.teacher_max]), group, MAX)
             own_maxima = torch.stack([stats.student_max, stats.scaled_max, stats.teacher_max])
+            maxima = all_reduce(own_maxima.clone(), group, MAX)
             rescale = (own_maxima - maxima).exp_()
             sums = torch.stack([stats.student_sum, stats.scaled_sum, stats.teacher_sum, stats.teacher_cross])
             sums[:3] *= rescale

@@ -23,7 +23,6 @@ __all__ = [
     "all_reduce",
     "compute_dtype",
     "global_max",
-    "log_normaliser",
     "sum_over_shards",
     "sum_to_replicated",
     "token_cross_entropy",
@@ -122,10 +121,3 @@ def all_reduce(tensor: Tensor, group: ProcessGroup | None, op=dist.ReduceOp.SUM)
     if group_size(group) > 1:
         dist.all_reduce(tensor, op=op, group=group)
     return tensor
-
-
-def log_normaliser(scaled_logits: Tensor, group: ProcessGroup | None) -> Tensor:
-    """``log sum_v exp(z_v)`` over every shard, ``[..., 1]`` (no autograd)."""
-    maximum = all_reduce(scaled_logits.amax(dim=-1, keepdim=True), group, dist.ReduceOp.MAX)
-    total = all_reduce((scaled_logits - maximum).exp_().sum(dim=-1, keepdim=True), group)
-    return total.log_() + maximum
