@@ -3,7 +3,13 @@
 Run with ``torchrun --nproc-per-node 2 benchmarks/schedule_plan_step.py [--json results.json]``. A MoE GPT (local
 spec, 4 experts, top-2, alltoall dispatcher, bf16 behind ``Float16Module``), EP=2 (the two GPUs are also the data-
 parallel ranks), driven by Megatron-Core's own ``forward_backward_no_pipelining`` with the plugin's Bridge forward
-steps and a Bridge ``GlobalState``:
+steps and a Bridge ``GlobalState``. EP is the number of processes; ``--nproc-per-node 1`` runs it on one GPU at EP=1,
+where two things differ (and ``setup`` in the JSON says so): Megatron-Core 0.19.2's config validation refuses
+``overlap_moe_expert_parallel_comm`` at EP=1, so the flag is set after validation, as the CPU tests and
+``tests/gpu/interleaved_plan_check.py`` do; and Megatron's own layer nodes cannot run the plain plan there (a
+single-rank all-to-all returns its input, which their ``free_input`` then releases), so they get the plugin nodes'
+single-rank guard (dispatch and combine keep their inputs) and nothing else. EP=1 has no all-to-all to overlap: it
+measures the plan's schedule and the noise in it, not the communication overlap.
 
 1. Equivalence: for noise and for noise + KD, one step through the normal path (``overlap_moe_expert_parallel_comm``
    off) and one through the plan (on), same weights and microbatches: the largest loss and gradient differences.
@@ -60,7 +66,25 @@ def _initialise() -> tuple[int, int]:
     torch.distributed.init_process_group("nccl")
     parallel_state.initialize_model_parallel(expert_model_parallel_size=world_size)
     model_parallel_cuda_manual_seed(1234)
+    if world_size == 1:
+        _guard_single_rank_all_to_all()
     return rank, world_size
+
+
+def _guard_single_rank_all_to_all() -> None:
+    """EP=1: Megatron's own layer nodes keep the dispatch and combine inputs, as the plugin's nodes do there.
+
+    A single-rank all-to-all returns its input; upstream's ``free_input`` would release the output it just made. The
+    plugin's ``FrozenTolerantLayerNode`` already keeps them (and defers to this method for the other nodes).
+    """
+    from megatron.core.models.common.utils import TransformerLayerNode, should_free_input
+
+    def resolve_free_input(name, is_moe, config, num_local_experts):
+        if name in ("moe_dispatch", "moe_combine"):
+            return False
+        return should_free_input(name, is_moe, config, num_local_experts)
+
+    TransformerLayerNode._resolve_free_input = staticmethod(resolve_free_input)
 
 
 def _settings(args: argparse.Namespace, overlap: bool) -> dict:
@@ -80,12 +104,18 @@ def _settings(args: argparse.Namespace, overlap: bool) -> dict:
     )
 
 
+def _plan_validated() -> bool:
+    """Whether Megatron's config validation accepts the plan: it demands expert parallelism (EP > 1)."""
+    return torch.distributed.get_world_size() > 1
+
+
 def _build(args, noise, kd, overlap: bool):
     from megatron.core.transformer.module import Float16Module
 
     from tests.support.schedule_plan import build_model, build_provider
 
-    provider = build_provider(noise, kd, **_settings(args, overlap))
+    provider = build_provider(noise, kd, **_settings(args, overlap and _plan_validated()))
+    provider.overlap_moe_expert_parallel_comm = overlap  # EP=1: set after validation (see the module docstring)
     torch.manual_seed(7)
     return provider, build_model(provider, mixed_precision_wrapper=Float16Module)
 
@@ -244,7 +274,15 @@ def main() -> None:
     init_num_microbatches_calculator(
         rank, None, args.microbatches * args.micro_batch_size * world_size, args.micro_batch_size, world_size
     )
-    results = {"equivalence": equivalence(args, world_size, rank)}
+    results = {
+        "setup": {
+            "world size": world_size,
+            "expert parallel": world_size,
+            "plan config validated by Megatron": _plan_validated(),
+            "Megatron's layer nodes given the single-rank free_input guard": world_size == 1,
+        },
+        "equivalence": equivalence(args, world_size, rank),
+    }
     medians = step_times(args, world_size, rank)
     plain = [[value] for value in medians["plain plan (Megatron)"]]
     results["step time per repeat (s, median of the slot, slower rank)"] = medians
@@ -256,6 +294,7 @@ def main() -> None:
             f"{world_size} x {device}, EP={world_size}, {MODEL}, seq {args.seq_length}, "
             f"micro-batch {args.micro_batch_size}, {args.microbatches} microbatches"
         )
+        print(f"setup: {results['setup']}")
         for name, result in results["equivalence"].items():
             print(f"equivalence, {name}: {result}")
         print(

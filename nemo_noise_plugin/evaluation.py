@@ -6,19 +6,18 @@ that sequence iff, fed the reference, the model's argmax at every answer positio
 one teacher-forced forward pass per batch computes it exactly (``greedy_decode`` is the plain loop, which the tests
 check it against). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training, then the
 model exported with Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers and asked the first
-held-out questions; written as ``task_report.{json,png}``.
+held-out questions; written as ``task_report.{json,png}`` and ``hf/`` into the run's report folder.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from nemo_noise_plugin.artifacts import RunReport
 from nemo_noise_plugin.batches import collate, recipe_datasets
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu.parallel import causal_attention_mask
@@ -105,6 +104,10 @@ def hf_generate(folder: str, questions: Sequence[list[dict[str, str]]], max_new_
     return replies
 
 
+_BEFORE_KEY = "task_report_before"
+"""Where the 'before' exact match is kept in the callbacks' ``user_state`` (saved by CPU-loop checkpoints)."""
+
+
 def _plot(results: dict[str, Any], path: str) -> bool:
     try:
         import matplotlib
@@ -132,12 +135,15 @@ def _plot(results: dict[str, Any], path: str) -> bool:
 class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
     """Bridge callback for the instruction recipes: held-out exact match before and after training, and the export.
 
-    At the end (rank 0) it exports the model to ``output_dir/hf`` (``export=True``), reloads it with transformers,
-    answers the first ``samples`` held-out questions, and writes ``task_report.{json,png}``.
+    At the end (rank 0) it exports the model into ``report`` (a ``RunReport``, shared with the ``RobustnessReport``
+    that finishes it: list this callback before that one) as ``hf/`` (``export=True``), reloads it with transformers,
+    answers the first ``samples`` held-out questions, and writes ``task_report.{json,png}`` there; the run's report
+    folder then appears with all its files at once. The 'before' measurement is kept in the callbacks'
+    ``user_state``, so a run resumed from a CPU-loop checkpoint reports the one of iteration 0.
     """
 
-    def __init__(self, output_dir: str, *, export: bool = True, samples: int = 4) -> None:
-        self.output_dir, self.export, self.samples = output_dir, export, samples
+    def __init__(self, report: RunReport, *, export: bool = True, samples: int = 4) -> None:
+        self.report, self.export, self.samples = report, export, samples
         self.results: dict[str, Any] = {}
         self.batches: list[dict[str, Any]] | None = None
 
@@ -161,39 +167,40 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
         print(f"held-out exact match ({name} training, greedy): {accuracy:.3f}")
 
     def on_train_start(self, context: Any) -> None:
+        saved = context.user_state.get(_BEFORE_KEY) if context.state.train_state.step else None
+        if saved is not None:
+            self.results["before"] = saved
+            return
         self._measure(context, "before")
+        context.user_state[_BEFORE_KEY] = self.results["before"]
 
     def on_train_end(self, context: Any) -> None:
         self._measure(context, "after")
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return
-        os.makedirs(self.output_dir, exist_ok=True)
         if self.export:
             self._export(context)
-        path = os.path.join(self.output_dir, "task_report.json")
-        with open(path, "w") as handle:
-            json.dump(self.results, handle, indent=2)
-        plotted = _plot(self.results, os.path.join(self.output_dir, "task_report.png"))
-        print(f"task report: {path}" + ("; plot: task_report.png" if plotted else ""))
+        self.report.write_json("task_report.json", self.results)
+        self.report.write("task_report.png", lambda path: _plot(self.results, str(path)))
+        print(f"task report: {self.report.path('task_report.json')} (with task_report.png)")
 
     def _export(self, context: Any) -> None:
         from megatron.core.utils import unwrap_model
 
         from nemo_noise_plugin.instructions import instruction_examples
 
-        folder = export_hf(
-            unwrap_model(context.model[0]),
-            context.state.cfg.tokenizer.tokenizer_model,
-            os.path.join(self.output_dir, "hf"),
-        )
+        written: list[str] = []
+        model = unwrap_model(context.model[0])
+        source = context.state.cfg.tokenizer.tokenizer_model
+        self.report.write("hf", lambda path: written.append(export_hf(model, source, str(path))))
         examples = instruction_examples("validation")[: self.samples]
         questions = [[m for m in example["messages"] if m["role"] != "assistant"] for example in examples]
-        replies = hf_generate(folder, questions)
-        self.results["exported"] = folder
+        replies = hf_generate(written[0], questions)
+        self.results["exported"] = str(self.report.path("hf"))
         self.results["transformers_replies"] = [
             {"question": q[-1]["content"], "reply": r, "answer": e["messages"][-1]["content"]}
             for q, r, e in zip(questions, replies, examples, strict=True)
         ]
-        print(f"exported to {folder}; transformers, reloaded, answers:")
+        print(f"exported to {self.report.path('hf')}; transformers, reloaded, answers:")
         for item in self.results["transformers_replies"]:
             print(f"  {item['question']} -> {item['reply']!r} (reference {item['answer']!r})")

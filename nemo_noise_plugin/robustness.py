@@ -179,6 +179,10 @@ def held_out_batches(config: Any, count: int, device: torch.device) -> list[dict
     return collate(valid, count, config.train.micro_batch_size, mask, device)
 
 
+_BEFORE_KEY = "robustness_before"
+"""Where the 'before' curve is kept in the callbacks' ``user_state``, which checkpoints of the CPU loop save."""
+
+
 class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callback):
     """Bridge callback: the robustness curve of the first model chunk at the start and at the end of training.
 
@@ -214,9 +218,15 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
     def on_train_start(self, context: Any) -> None:
         if self.report is None:
             return
-        self.curves["before"] = self._curve(context)
-        if context.state.train_state.step:
-            print(f"resumed: the report's 'before' is the model at iteration {context.state.train_state.step}")
+        step = context.state.train_state.step
+        saved = context.user_state.get(_BEFORE_KEY) if step else None
+        if saved is not None:  # the CPU loop's checkpoints keep the callbacks' user_state
+            self.curves["before"] = saved
+            print(f"resumed at iteration {step}: the report's 'before' is the one measured at iteration 0")
+            return
+        self.curves["before"] = context.user_state[_BEFORE_KEY] = self._curve(context)
+        if step:
+            print(f"resumed: the report's 'before' is the model at iteration {step}")
 
     def on_train_end(self, context: Any) -> None:
         self.curves["after"] = self._curve(context)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,10 +102,24 @@ def test_the_guard_names_the_step_and_the_loss():
     FiniteLossGuard().on_train_step_end(context)  # finite: training goes on
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_report(tmp_path_factory) -> dict:
+    """The report of an uninterrupted 3-step run: what a rerun after any interrupt must reproduce exactly."""
+    output_dir = tmp_path_factory.mktemp("uninterrupted")
+    result = _main_job("--steps", "3", "--output-dir", str(output_dir))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _latest(output_dir)[1]
+
+
 @pytest.mark.parametrize(("signum", "word"), [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")])
-def test_an_interrupt_at_a_random_point_keeps_the_folder_consistent(finished_run, signum, word):
-    output_dir, _ = finished_run
+def test_an_interrupt_at_a_random_point_keeps_the_folder_consistent_and_a_rerun_resumes_exactly(
+    finished_run, uninterrupted_report, tmp_path, signum, word
+):
+    output_dir = tmp_path / "main_job"
+    shutil.copytree(finished_run[0], output_dir, symlinks=True)  # an earlier run's consistent state
     before = _latest(output_dir)
+    checkpoints = output_dir / "tiny_noise_sft" / "checkpoints"
+    earlier_states = set(checkpoints.rglob("cpu_state-*.pt"))
     process = subprocess.Popen(
         [*MAIN_JOB, "--steps", "3", "--output-dir", str(output_dir)],
         stdout=subprocess.PIPE,
@@ -118,14 +133,22 @@ def test_an_interrupt_at_a_random_point_keeps_the_folder_consistent(finished_run
     time.sleep(random.Random(seed).uniform(0.0, 20.0))
     process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=300)
-    if process.returncode in (0, -signum):  # finished (a signal during interpreter shutdown ends it by default)
-        if process.returncode == 0 or _latest(output_dir) != before:
-            assert _latest(output_dir)[0] != before[0], (seed, stderr[-3000:])  # the new report, whole
-            return
+    finished = process.returncode == 0 or (process.returncode == -signum and _latest(output_dir) != before)
+    if finished:  # it ended before the signal (one during interpreter shutdown ends it by default): the new report
+        assert _latest(output_dir)[0] != before[0], (seed, stderr[-3000:])
+        assert _latest(output_dir)[1] == uninterrupted_report, seed
+        return
     assert process.returncode == 130, (seed, stderr[-3000:])
     assert "Traceback" not in stderr, (seed, stderr[-3000:])
     (message,) = [line for line in stderr.splitlines() if line.strip()]
     assert message.startswith(f"{word}: this run's report was not written; kept: everything already in")
     assert _latest(output_dir) == before, seed  # the old consistent state
-    leftovers = [name for name in os.listdir(output_dir / "tiny_noise_sft" / "reports") if ".partial" in name]
-    assert leftovers == [], seed
+    reports = output_dir / "tiny_noise_sft" / "reports"
+    assert [name for name in os.listdir(reports) if ".partial" in name] == [], seed
+    assert not [path for path in checkpoints.rglob("*.partial")], seed
+    saved_before_the_interrupt = set(checkpoints.rglob("cpu_state-*.pt")) - earlier_states
+
+    rerun = _main_job("--steps", "3", "--output-dir", str(output_dir))
+    assert rerun.returncode == 0, (seed, rerun.stderr[-3000:])
+    assert ("resumed from" in rerun.stdout) == bool(saved_before_the_interrupt), (seed, rerun.stdout[-3000:])
+    assert _latest(output_dir)[1] == uninterrupted_report, (seed, rerun.stdout[-3000:])  # same numbers, bit for bit

@@ -45,8 +45,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--stop-after",
         type=int,
-        help="GPU only: save a checkpoint and stop at this iteration, as an interrupted run would; running the same "
-        "command without it resumes there from the checkpoint in --output-dir",
+        help="save a checkpoint and stop at this iteration, as an interrupted run would; running the same command "
+        "without it resumes there from the checkpoint in --output-dir",
     )
     parser.add_argument(
         "--clean-pretrain-steps",
@@ -134,8 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         how = "terminated" if isinstance(interrupt, Interrupted) else "interrupted"
         print(
             f"\n{how}: this run's report was not written; kept: everything already in {run_dir} "
-            "(earlier reports, the dataset, and on a GPU the checkpoints saved so far, from which the same command "
-            "resumes).",
+            "(earlier reports, the dataset, and the checkpoints saved so far, from which the same command resumes).",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
@@ -151,14 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
     from nemo_noise_plugin.recipes import recipe_function
-    from nemo_noise_plugin.training.launch import cuda_available, launch_with_report
+    from nemo_noise_plugin.training.launch import launch_with_report
 
-    if args.stop_after is not None and not cuda_available():
-        print(
-            "error: --stop-after needs Bridge's training loop (a GPU); the CPU loop writes no checkpoint.",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
     recipe = recipe_function(RECIPES[args.recipe].path)
     lr = args.lr if args.lr is not None else (1e-3 if args.recipe.startswith("tiny") else None)
     config = recipe(dir=args.output_dir, train_iters=args.steps, noise=noise, **({"lr": lr} if lr else {}))

@@ -21,6 +21,7 @@ from nemo_noise_plugin.batches import collate, recipe_datasets
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu import CPU_SUBSTITUTES, causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint, run_fingerprint
 from nemo_noise_plugin.training.progress import NonFiniteLossError
 
 __all__ = ["CPU_LOOP_NOTICE", "build_optimizer", "run_cpu_loop"]
@@ -42,6 +43,11 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     style, ``min_lr``), stepped after each optimizer step as Bridge's loop does.
     ``callbacks`` (Bridge ``Callback`` objects) see ``on_train_start``, ``on_train_step_start``/``_end`` (with the
     step's ``loss_dict``) and ``on_train_end``.
+
+    Checkpoints as Bridge's loop keeps them, in the loop's own format (``training.cpu_checkpoint``): saved into
+    ``checkpoint.save`` every ``checkpoint.save_interval`` iterations, at ``train.exit_interval`` (where the run then
+    stops, without ``on_train_end``, as Bridge's does) and at the end; a run whose settings match a checkpoint in
+    ``checkpoint.load`` resumes from it, with the same noise and batches as an uninterrupted run.
     """
     print(CPU_LOOP_NOTICE)
     for name, role in CPU_SUBSTITUTES.items():
@@ -50,9 +56,10 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     # Megatron pins the attention backend process-wide through NVTE_* variables and refuses a model whose backend
     # disagrees with them: build this one from a clean slate and give the caller its variables back afterwards.
     attention_settings = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
+    fingerprint = run_fingerprint(config)  # before building the model, which fills in derived settings
     init_cpu_parallel(seed=config.rng.seed)
     try:
-        _train(config, forward_step, callbacks)
+        _train(config, forward_step, callbacks, fingerprint)
     finally:
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
@@ -88,7 +95,7 @@ def _build_model(config: Any) -> torch.nn.Module:
     )[0]
 
 
-def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any]) -> None:
+def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], fingerprint: str) -> None:
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
 
     bridge_callbacks = import_bridge("megatron.bridge.training.callbacks")
@@ -110,11 +117,29 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any]) -> Non
     mask = causal_attention_mask(config.model.seq_length)
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = build_optimizer(config, parameters)
+    checkpoint = CpuCheckpoint(config.checkpoint.save, config.checkpoint.load, fingerprint)
+    first_step = _resume(checkpoint, model, optimizer, scheduler, manager.user_state, train.train_iters)
+    state.train_state.step = first_step
+    state.train_state.consumed_train_samples = first_step * train.global_batch_size
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters ({type(model).__name__});")
     print(f"noise: {_non_default(config.model.noise)}; {micro_batches} microbatches of {train.micro_batch_size}")
     fire("on_train_start", optimizer=optimizer, scheduler=scheduler)
     model.train()
-    for step in range(train.train_iters):
+
+    def save(iteration: int) -> None:
+        state_dict = {
+            "fingerprint": fingerprint,
+            "iteration": iteration,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "user_state": dict(manager.user_state),
+        }
+        checkpoint.save(state_dict)
+
+    interval = config.checkpoint.save_interval or 0
+    for step in range(first_step, train.train_iters):
         state.train_state.step = step
         fire("on_train_step_start")
         optimizer.zero_grad(set_to_none=True)
@@ -131,8 +156,41 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any]) -> Non
         optimizer.step()
         scheduler.step(increment=train.global_batch_size)
         fire("on_train_step_end", loss_dict={key: value[0] / value[1] for key, value in totals.items()})
+        done = step + 1  # Bridge counts the iteration after its step-end event
+        state.train_state.step = done
+        state.train_state.consumed_train_samples = done * train.global_batch_size
+        stop_here = train.exit_interval is not None and done % train.exit_interval == 0 and done < train.train_iters
+        if (interval and done % interval == 0) or stop_here or done == train.train_iters:
+            save(done)
+        if stop_here:
+            print(f"stopped at iteration {done} (train.exit_interval); the same settings resume from {checkpoint.name}")
+            return
     state.train_state.step = train.train_iters
     fire("on_train_end")
+
+
+def _resume(
+    checkpoint: CpuCheckpoint,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    user_state: dict,
+    train_iters: int,
+) -> int:
+    """Load this configuration's saved state, if any, into the loop's objects; returns the first iteration to run."""
+    saved = checkpoint.load()
+    if saved is None:
+        if checkpoint.save_path is not None:
+            print(f"checkpoint: {checkpoint.save_path} (the same settings resume from it)")
+        return 0
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    torch.set_rng_state(saved["torch_rng"])
+    user_state.update(saved["user_state"])
+    iteration = saved["iteration"]
+    print(f"resumed from {checkpoint.load_path} at iteration {iteration} of {train_iters}")
+    return iteration
 
 
 def build_optimizer(config: Any, parameters: Sequence[torch.nn.Parameter]) -> tuple[torch.optim.Optimizer, Any]:

@@ -116,10 +116,12 @@ def launch_with_report(
 ) -> Path | None:
     """Train a recipe on the embedded corpus with progress lines, then write the robustness report.
 
-    Bridge's loop on a GPU (checkpoints under ``config.checkpoint.save``, resumable), else the CPU loop, which says
-    so; the report is computed by a Bridge callback at the start and at the end of training either way, and written
-    to ``output_dir/reports/<run id>/robustness.{json,png}`` (both files or none; ``reports/latest`` points at the
-    newest). Returns that folder, or None when training ended before its last iteration.
+    Bridge's loop on a GPU, else the CPU loop, which says so; both save checkpoints under ``config.checkpoint.save``
+    from which the same call resumes (each phase below in its own subfolder). The report is computed by a Bridge
+    callback at the start and at the end of training, and written to ``output_dir/reports/<run id>/`` as
+    ``robustness.{json,png}`` (with ``task_report.{json,png}`` and the ``hf/`` export for instruction recipes; all
+    files or none; ``reports/latest`` points at the newest). Returns that folder, or None when training ended before
+    its last iteration.
 
     ``clean_pretrain_steps`` > 0 first trains the model that many steps with noise and KD off, and every run after it
     starts from those weights (a distillation run's teacher is then that pre-trained model). ``control`` also trains
@@ -134,11 +136,6 @@ def launch_with_report(
     from nemo_noise_plugin.training.warm_start import CaptureWeights, StartFromWeights
 
     on_gpu = cuda_available()
-    if not on_gpu and config.train.exit_interval is not None:
-        raise ValueError(
-            f"train.exit_interval={config.train.exit_interval} (--stop-after) needs Bridge's training loop (a GPU); "
-            "the CPU loop writes no checkpoint."
-        )
     if clean_pretrain_steps < 0:
         raise ValueError(f"clean_pretrain_steps={clean_pretrain_steps} is invalid: expected an integer >= 0.")
     where = ", Bridge's training loop" if on_gpu else ""
@@ -148,12 +145,16 @@ def launch_with_report(
     if clean_pretrain_steps:
         print(f"-- clean pre-training: {clean_pretrain_steps} steps, noise and KD off; the runs below start from it --")
         capture = CaptureWeights()
+        pretrain = _variant(config, f"clean_pretrain_{clean_pretrain_steps}", noise=False, kd=False)
+        pretrain.train.train_iters = clean_pretrain_steps
+        pretrain.scheduler.lr_decay_iters = None  # derived from the new train_iters
         launch(
-            _variant(config, "pretrain", noise=False, kd=False, steps=clean_pretrain_steps),
+            pretrain,
             callbacks=[capture, ProgressLine()],
             allow_cpu_loop=True,
         )
         start = [StartFromWeights(capture.weights)]
+        config = _variant(config, f"after_clean_{clean_pretrain_steps}", keep_exit=True)  # not a scratch run's folder
     references = {}
     if control and noise.enabled:
         print(f"-- control: the same {config.train.train_iters} steps without noise --")
@@ -168,20 +169,22 @@ def launch_with_report(
     if clean_pretrain_steps:
         title += f" after {clean_pretrain_steps} clean"
     print(f"-- noise training: {title} --")
-    report = RobustnessReport(noise, RunReport(output_dir), title, references)
+    run_report = RunReport(output_dir)
+    report = RobustnessReport(noise, run_report, title, references)
     callbacks = [*start, report, ProgressLine()]
     if is_finetuning_dataset(config.dataset):  # instruction recipes: held-out exact match, HF export, generation
         from nemo_noise_plugin.evaluation import TaskReport
 
-        callbacks.insert(len(start) + 1, TaskReport(f"{output_dir}/task_report"))
+        callbacks.insert(len(start), TaskReport(run_report))  # before the report that finishes the folder
     launch(config, callbacks=callbacks, allow_cpu_loop=True)
     if "after" not in report.curves:
         print("no robustness report: training ended before its last iteration")
     return report.folder
 
 
-def _variant(config: Any, name: str, *, noise: bool = True, kd: bool = True, steps: int | None = None) -> Any:
-    """A copy of ``config`` for a side run: noise and/or KD off, other steps, its own checkpoint folder."""
+def _variant(config: Any, name: str, *, noise: bool = True, kd: bool = True, keep_exit: bool = False) -> Any:
+    """A copy of ``config`` for a side run: noise and/or KD off, its own checkpoint folder ``name`` (resumable on
+    its own), and no ``train.exit_interval`` unless ``keep_exit``."""
     import copy
     import dataclasses
 
@@ -190,10 +193,8 @@ def _variant(config: Any, name: str, *, noise: bool = True, kd: bool = True, ste
         variant.model.noise = dataclasses.replace(variant.model.noise, enabled=False)
     if not kd and getattr(variant.model, "kd", None) is not None:
         variant.model.kd = dataclasses.replace(variant.model.kd, enabled=False)
-    if steps is not None:
-        variant.train.train_iters = steps
-        variant.scheduler.lr_decay_iters = None  # derived from the new train_iters
-    variant.train.exit_interval = None
+    if not keep_exit:
+        variant.train.exit_interval = None
     checkpoint = variant.checkpoint
     if checkpoint.save:
         checkpoint.save = str(Path(checkpoint.save) / name)

@@ -32,7 +32,8 @@ class CaptureWeights(_Callback):
 
 
 class StartFromWeights(_Callback):
-    """Loads ``weights`` (from ``CaptureWeights``) into the first model chunk when training starts.
+    """Loads ``weights`` (from ``CaptureWeights``) into the first model chunk when training starts at iteration 0
+    (a run resumed from its checkpoint keeps the checkpoint's weights).
 
     Megatron's mixed-precision optimizers keep float32 main copies of the parameters: they are refreshed from the
     loaded weights (``reload_model_params``), so the first optimizer step starts from them too.
@@ -42,6 +43,8 @@ class StartFromWeights(_Callback):
         self.weights = weights
 
     def on_train_start(self, context: Any) -> None:
+        if context.state.train_state.step:  # resumed from a checkpoint: its weights are the run's own, keep them
+            return
         model = unwrap_model(context.model[0])
         missing, unexpected = model.load_state_dict(self.weights, strict=False)
         if unexpected or [name for name in missing if not name.endswith("_extra_state")]:

@@ -1,0 +1,101 @@
+"""The CPU loop's checkpoints: a run stopped and resumed trains exactly as an uninterrupted one (same noise, same
+batches, same optimizer state), a checkpoint of other settings is never loaded, and a save is all or nothing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
+from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint, run_fingerprint
+from nemo_noise_plugin.training.cpu_loop import run_cpu_loop
+from nemo_noise_plugin.training.forward_step import noise_forward_step
+
+STEPS = 4
+
+_Callback = import_bridge("megatron.bridge.training.callbacks").Callback
+
+
+class Record(_Callback):
+    """The loss of every step (a function of the weights, the batch and the step's noise) and the final weights."""
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+        self.weights: dict[str, torch.Tensor] | None = None
+
+    def on_train_step_end(self, context):
+        self.losses[context.state.train_state.step] = float(context.loss_dict["lm loss"])
+
+    def on_train_end(self, context):
+        self.weights = {k: v.clone() for k, v in context.model[0].state_dict().items() if torch.is_tensor(v)}
+
+
+def _config(folder, *, exit_interval=None, alpha=10.0):
+    config = tiny_noise_sft_config(dir=str(folder), train_iters=STEPS, lr=1e-3)
+    config.model.noise.alpha = alpha
+    config.checkpoint.save_interval = 1
+    config.train.exit_interval = exit_interval
+    return config
+
+
+def _run(config) -> Record:
+    record = Record()
+    run_cpu_loop(config, noise_forward_step, [record])
+    return record
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return _run(_config(tmp_path_factory.mktemp("straight")))
+
+
+def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one_bitwise(tmp_path, uninterrupted, capsys):
+    stopped = _run(_config(tmp_path, exit_interval=2))
+    assert sorted(stopped.losses) == [0, 1] and stopped.weights is None  # stopped after iteration 2, no train end
+    assert "stopped at iteration 2" in capsys.readouterr().out
+    resumed = _run(_config(tmp_path))
+    assert "at iteration 2 of 4" in capsys.readouterr().out
+    assert sorted(resumed.losses) == [2, 3]
+    assert {**stopped.losses, **resumed.losses} == uninterrupted.losses  # exact floats: same noise, data, state
+    assert resumed.weights.keys() == uninterrupted.weights.keys()
+    for name, value in resumed.weights.items():
+        assert torch.equal(value, uninterrupted.weights[name]), name
+
+
+def test_a_checkpoint_of_other_settings_is_neither_loaded_nor_overwritten(tmp_path, capsys):
+    _run(_config(tmp_path, exit_interval=2))
+    (saved,) = (tmp_path / "tiny_noise_sft" / "checkpoints").glob("cpu_state-*.pt")
+    before = saved.read_bytes()
+    other = _run(_config(tmp_path, exit_interval=1, alpha=5.0))
+    assert "resumed" not in capsys.readouterr().out and sorted(other.losses) == [0]
+    assert saved.read_bytes() == before
+    assert len(list(saved.parent.glob("cpu_state-*.pt"))) == 2
+
+
+def test_the_fingerprint_ignores_when_a_run_stops_but_not_what_it_computes(tmp_path):
+    base = run_fingerprint(_config(tmp_path))
+    assert run_fingerprint(_config(tmp_path, exit_interval=2)) == base
+    assert run_fingerprint(_config(tmp_path, alpha=5.0)) != base
+    steps = _config(tmp_path)
+    steps.train.train_iters = STEPS + 1
+    assert run_fingerprint(steps) != base
+    seed = _config(tmp_path)
+    seed.rng.seed += 1
+    assert run_fingerprint(seed) != base
+
+
+def test_an_interrupted_save_keeps_the_previous_state_and_leaves_no_partial_file(tmp_path, monkeypatch):
+    checkpoint = CpuCheckpoint(str(tmp_path), str(tmp_path), "0123456789abcdef")
+    checkpoint.save({"iteration": 1})
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save({"iteration": 2})
+    assert checkpoint.load() == {"iteration": 1}
+    assert os.listdir(tmp_path) == [checkpoint.name]
