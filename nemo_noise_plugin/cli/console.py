@@ -24,14 +24,18 @@ KNOWN_WARNINGS: tuple[str, ...] = (
     "full scope is deprecated",
     "`torch.jit.script` is deprecated",
     "`build_tokenizer` is deprecated",
+    "Could not determine local rank from LOCAL_RANK",
 )
 """Warnings that every run without Transformer Engine or Apex shows and that need no action (message prefixes)."""
 
 KNOWN_LOG_RECORDS: dict[str, tuple[str, ...]] = {
     "megatron.bridge.utils.import_utils": ("Import of ",),
+    "megatron.bridge.utils.fusions": ("gradient_accumulation_fusion requires",),
     "megatron.core.models.gpt.gpt_model": ("GPTModel IS DEPRECATED",),
     "megatron.core.rerun_state_machine": ("Implicit initialization of Rerun State Machine", "RerunStateMachine "),
     "torch.utils.cpp_extension": ("No CUDA runtime is found",),
+    "transformers.configuration_utils": ("`torch_dtype` is deprecated",),
+    "transformers.tokenization_utils_tokenizers": ("Ignoring clean_up_tokenization_spaces",),
 }
 """Logger name -> message prefixes of log records that are hidden (an optional import failing, known notices)."""
 

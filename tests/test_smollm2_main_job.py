@@ -1,0 +1,43 @@
+"""``python -m nemo_noise_plugin --recipe smollm2_135m_noise_sft`` end to end on the CPU: the real pretrained model
+trained with noise on the instruction set, exported with Bridge's exporter, reloaded with transformers, and its
+report folder (robustness, task metric, HF export) appearing all at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nemo_noise_plugin.pretrained import MODEL_CACHE_ENV
+from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
+
+pytestmark = pytest.mark.slow  # about 4 minutes on 2 cores
+
+
+def test_the_main_job_trains_exports_and_reports_the_real_model(smollm2_hf_dir, tmp_path):  # noqa: F811
+    env = {**os.environ, MODEL_CACHE_ENV: str(smollm2_hf_dir.parent)}
+    result = subprocess.run(
+        [sys.executable, "-m", "nemo_noise_plugin", "--recipe", "smollm2_135m_noise_sft", "--steps", "2",
+         "--no-control", "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=1500, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.splitlines()[0].startswith("== nemo-noise-plugin main job: recipe smollm2_135m_noise_sft")
+    progress = [line.split()[0] for line in result.stdout.splitlines() if line.split()[:1] in (["1/2"], ["2/2"])]
+    assert progress == ["1/2", "2/2"], result.stdout[-3000:]
+    folder = tmp_path / "smollm2_135m_noise_sft" / "reports" / "latest"
+    assert {"robustness.json", "robustness.png", "task_report.json", "task_report.png", "hf"} <= set(os.listdir(folder))
+    assert (folder / "hf" / "config.json").is_file() and list((folder / "hf").glob("*.safetensors"))
+    task = json.loads((folder / "task_report.json").read_text())
+    assert set(task["before"]) == set(task["after"]) == {"exact_match", "per_task"}
+    assert 0.0 <= task["after"]["exact_match"] <= 1.0
+    assert task["exported"] == str(tmp_path / "smollm2_135m_noise_sft" / "reports" / os.readlink(folder) / "hf")
+    assert len(task["transformers_replies"]) == 4
+    assert all(isinstance(item["reply"], str) for item in task["transformers_replies"])
+    robustness = json.loads((folder / "robustness.json").read_text())
+    assert set(robustness) == {"before", "after"}  # --no-control: no reference curve
+    reports = folder.parent
+    assert [name for name in os.listdir(reports) if ".partial" in name] == []
