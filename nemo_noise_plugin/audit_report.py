@@ -15,6 +15,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,6 +49,8 @@ class AuditTarget:
     task_loss: TaskLoss | None = None
     lm_log_probs: LmLogProbs | None = None
     task_loss_note: str = ""
+    task_exact_match: TaskLoss | None = None
+    """``config -> held-out exact match`` (fraction) with that noise, where the model has a task metric."""
 
 
 def _padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,17 +176,63 @@ def _chat_texts(tokenizer: Any) -> list[list[int]]:
     return [tokenizer(bytes(doc[:-1]).decode("utf-8", "replace"))["input_ids"] for doc in corpus_documents()]
 
 
-def smollm2_target(tokens: int = 2000, max_length: int = 64, task_sequences: int = 16) -> AuditTarget:
-    """The real SmolLM2-135M-Instruct embedding table ``[49152, 576]`` and chat text; task loss and LM prior from
-    transformers' model on the CPU (the held-out loss over every real next token of ``task_sequences`` held-out
-    chats, the noise added to ``inputs_embeds`` by the plugin's noise layer)."""
+def _answer_spans(tokenizer: Any) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """The validation split's chats as token ids and, for each, the span ``[start, end)`` of the reference answer and
+    its end-of-turn token (what greedy decoding must produce for an exact match)."""
+    from nemo_noise_plugin.instructions import instruction_examples
+
+    sequences, spans = [], []
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for example in instruction_examples("validation"):
+        messages = example["messages"]
+        prompt_text = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        full = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+        prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        if full[: len(prompt)] != prompt or end_of_turn not in full[len(prompt) :]:
+            continue  # the chat template does not split at the answer: not a well-defined exact match
+        sequences.append(full)
+        spans.append((len(prompt), full.index(end_of_turn, len(prompt)) + 1))
+    return sequences, spans
+
+
+def _task_exact_match(model: Any, table: torch.Tensor, tokenizer: Any) -> TaskLoss:
+    """Held-out exact match of transformers' ``model`` with the noise on its input embeddings: an answer counts when
+    the argmax at every answer position (teacher-forced) is the reference token, i.e. greedy decoding reproduces
+    the answer and then ends the turn (as ``evaluation.exact_match`` computes it for Megatron models)."""
+    from nemo_noise_plugin.privacy.audit import noised_embeddings
+
+    sequences, spans = _answer_spans(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
+    ids, padding = _padded(sequences, pad_id)
+
+    def exact_match(config: NoiseConfig) -> float:
+        with torch.no_grad():
+            embeds = noised_embeddings(table, ids, config, padding_mask=padding)
+            predicted = model(inputs_embeds=embeds, attention_mask=(~padding).long()).logits.argmax(-1)
+        correct = [
+            bool((predicted[row, start - 1 : end - 1] == ids[row, start:end]).all())
+            for row, (start, end) in enumerate(spans)
+        ]
+        return sum(correct) / len(correct)
+
+    return exact_match
+
+
+def smollm2_target(
+    tokens: int = 2000, max_length: int = 64, task_sequences: int = 16, hf_dir: str | None = None
+) -> AuditTarget:
+    """The real SmolLM2-135M-Instruct embedding table ``[49152, 576]`` and chat text; task loss, held-out exact
+    match and LM prior from transformers' model on the CPU (the held-out loss over every real next token of
+    ``task_sequences`` held-out chats; exact match on the shipped instruction set's validation split; the noise
+    added to ``inputs_embeds`` by the plugin's noise layer). ``hf_dir`` audits another folder of the same
+    architecture instead, e.g. a fine-tuned export (the main job's ``reports/latest/hf``)."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nemo_noise_plugin.pretrained import ensure_smollm2_hf
     from nemo_noise_plugin.privacy.audit import noised_embeddings
 
-    folder = ensure_smollm2_hf()
+    folder = ensure_smollm2_hf() if hf_dir is None else _checked_hf_dir(hf_dir)
     with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
         table = handle.get_tensor("model.embed_tokens.weight").float()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
@@ -206,7 +255,7 @@ def smollm2_target(tokens: int = 2000, max_length: int = 64, task_sequences: int
             return model(input_ids=prefix).logits[:, -1].float().log_softmax(-1)
 
     return AuditTarget(
-        name="smollm2",
+        name="smollm2" if hf_dir is None else f"smollm2 ({folder})",
         table=table,
         token_ids=token_ids,
         padding_mask=padding,
@@ -214,11 +263,24 @@ def smollm2_target(tokens: int = 2000, max_length: int = 64, task_sequences: int
         task_loss=task_loss,
         lm_log_probs=lm_log_probs,
         task_loss_note=(
-            f"held-out next-token loss of SmolLM2-135M-Instruct (transformers, CPU) on {task_sequences} held-out "
-            "chats with the noise on inputs_embeds; exact-match is not measured (the real-model recipe's metric is "
-            "not available yet)"
+            f"held-out next-token loss of {folder.name} (transformers, CPU) on {task_sequences} held-out chats, and "
+            "held-out exact match (greedy, teacher-forced) on the instruction set's validation split, with the noise "
+            "on inputs_embeds"
         ),
+        task_exact_match=_task_exact_match(model, table, tokenizer),
     )
+
+
+def _checked_hf_dir(hf_dir: str) -> Path:
+    """``hf_dir`` as a folder holding a SmolLM2-architecture HF model; ``ValueError`` naming the setting if not."""
+    folder = Path(hf_dir).expanduser()
+    missing = [name for name in ("config.json", "model.safetensors", "tokenizer.json") if not (folder / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"hf_dir={hf_dir!r} is invalid: expected a Hugging Face folder with config.json, model.safetensors and "
+            f"tokenizer.json (e.g. a main job's reports/latest/hf); missing {', '.join(missing)}."
+        )
+    return folder
 
 
 def run_audit_report(
@@ -232,6 +294,7 @@ def run_audit_report(
     max_length: int = 64,
     task_sequences: int = 16,
     task_loss: bool = True,
+    hf_dir: str | None = None,
     device: str = "cpu",
     epochs: int = 1,
     vocab_chunk: int | None = None,
@@ -241,9 +304,15 @@ def run_audit_report(
     """Build the ``model`` target, run ``audit_sweep`` and write the JSON, table and PNG; print the table."""
     if model not in MODELS:
         raise ValueError(f"model={model!r} is invalid: expected one of {', '.join(MODELS)}.")
+    if hf_dir is not None and model != "smollm2":
+        raise ValueError(f"hf_dir={hf_dir!r} is only used with model=smollm2 (got model={model!r}).")
+    if hf_dir is not None:
+        _checked_hf_dir(hf_dir)
     try:
-        maker = tiny_target if model == "tiny" else smollm2_target
-        target = maker(tokens=tokens, max_length=max_length, task_sequences=task_sequences)
+        if model == "tiny":
+            target = tiny_target(tokens=tokens, max_length=max_length, task_sequences=task_sequences)
+        else:
+            target = smollm2_target(tokens=tokens, max_length=max_length, task_sequences=task_sequences, hf_dir=hf_dir)
         chunks = {k: v for k, v in dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk).items() if v is not None}
         report = audit_sweep(
             target.table.to(device),
@@ -253,6 +322,7 @@ def run_audit_report(
             attacks,
             lm_log_probs=target.lm_log_probs if "lm_beam" in attacks else None,
             task_loss=target.task_loss if task_loss else None,
+            task_exact_match=target.task_exact_match if task_loss else None,
             padding_mask=target.padding_mask,
             special_ids=target.special_ids,
             epochs=epochs,

@@ -155,3 +155,44 @@ def test_nemo_noise_audit_runs_on_the_tiny_model(tmp_path):
     assert rates[(1000.0, "nn_l2")] < 0.05
     assert report["rows"][0]["task_loss"] == pytest.approx(report["clean_task_loss"], rel=1e-6)
     assert (tmp_path / "privacy_audit.png").is_file() and "nn_cosine" in result.stdout
+
+
+def test_the_task_exact_match_is_reported_at_each_level_and_without_noise(tmp_path):
+    table, tokens = table_and_tokens()
+    result = audit_sweep(
+        table,
+        tokens,
+        NoiseConfig(alpha=5.0),
+        [Sweep("uniform", "alpha", (1.0, 50.0))],
+        ("nn_l2",),
+        task_loss=lambda config: 10.0 * config.magnitude,
+        task_exact_match=lambda config: 1.0 / (1.0 + config.magnitude if config.enabled else 1.0),
+        padding_mask=NO_PADDING,
+    )
+    assert [row["task_exact_match"] for row in result["rows"]] == pytest.approx([1 / 2, 1 / 51])
+    assert result["clean_task_exact_match"] == 1.0
+    paths = write_sweep_report(result, str(tmp_path))
+    lines = Path(paths["txt"]).read_text().splitlines()
+    assert "clean exact match 1.000" in lines[0] and lines[1].rstrip().endswith("exact match")
+    assert lines[2].rstrip().endswith("0.500") and lines[3].rstrip().endswith("0.020")
+
+
+def test_without_a_task_metric_the_exact_match_column_is_empty(report, tmp_path):
+    assert {row["task_exact_match"] for row in report["rows"]} == {None}
+    assert report["clean_task_exact_match"] is None
+    lines = Path(write_sweep_report(report, str(tmp_path))["txt"]).read_text().splitlines()
+    assert all(line.rstrip().endswith("-") for line in lines[2:])
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["model=tiny", "hf_dir=/tmp"], "hf_dir='/tmp' is only used with model=smollm2"),
+        (["model=smollm2", "hf_dir=/nonexistent/hf"], "hf_dir='/nonexistent/hf' is invalid: expected a Hugging Face"),
+    ],
+)
+def test_a_bad_hf_dir_is_named_before_any_model_is_loaded(arguments, message, tmp_path):
+    from nemo_noise_plugin.cli.nemo_noise import run_audit
+
+    with pytest.raises(ValueError, match=message):
+        run_audit([*arguments, "sweep=alpha:1", f"output_dir={tmp_path}"])

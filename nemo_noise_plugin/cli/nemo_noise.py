@@ -119,6 +119,7 @@ AUDIT_SETTINGS: dict[str, type] = {
     "max_length": int,
     "task_sequences": int,
     "task_loss": bool,
+    "hf_dir": str,
     "device": str,
     "epochs": int,
     "vocab_chunk": int,
@@ -191,8 +192,10 @@ def audit(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
     sweep ([mechanism/]field:level,... parts separated by ';', or standard), output_dir; optional tokens (audited
     tokens, default 2000), attacks (nn_l2, nn_cosine, direction, lm_beam; default nn_l2,nn_cosine), config (a
     noise preset or YAML as the base), max_length (tokens per audited sequence, 64), task_sequences (held-out
-    sequences for the task loss, 16), task_loss (false skips it), device (cpu or cuda), epochs (for the ledger),
-    vocab_chunk, query_chunk, neighbour_sample (rows that estimate the median neighbour distance; default all);
+    sequences for the task loss, 16), task_loss (false skips the task loss and exact match), hf_dir (with
+    model=smollm2: audit this HF folder instead of the pretrained model, e.g. a main job's reports/latest/hf),
+    device (cpu or cuda), epochs (for the ledger), vocab_chunk, query_chunk, neighbour_sample (rows that estimate
+    the median neighbour distance; default all);
     any other key overrides that NoiseConfig field (e.g. clip_norm=1).
     """
     run_audit(arguments or [])

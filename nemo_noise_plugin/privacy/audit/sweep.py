@@ -135,6 +135,7 @@ def audit_sweep(
     *,
     lm_log_probs: LmLogProbs | None = None,
     task_loss: TaskLoss | None = None,
+    task_exact_match: TaskLoss | None = None,
     loss_mask: torch.Tensor | None = None,
     padding_mask: torch.Tensor | None = None,
     special_ids: Sequence[int] | None = None,
@@ -155,7 +156,9 @@ def audit_sweep(
     distance, the ledger's per-token and per-sequence epsilon (``privacy_ledger`` at ``sequence_length``, default
     ``s``, and ``epochs``) and ``task_loss`` (None without ``task_loss``). Attacks that do not apply to a
     mechanism (``direction`` where nothing is clipped) are listed under ``skipped``; ``lm_beam`` needs
-    ``lm_log_probs``. ``clean_task_loss`` is the loss without noise. ``neighbour_sample`` estimates the median
+    ``lm_log_probs``. ``clean_task_loss`` is the loss without noise. ``task_exact_match`` (optional, like
+    ``task_loss``) adds each level's held-out exact match (``task_exact_match`` in the rows, and
+    ``clean_task_exact_match``). ``neighbour_sample`` estimates the median
     nearest-neighbour distance from that many rows (``median_nearest_neighbour_distance``; default all).
     """
     if isinstance(attacks, str) or not attacks:
@@ -193,6 +196,7 @@ def audit_sweep(
             )
             ledger = privacy_ledger(config, sequence_length=sequence_length, epochs=epochs, hidden_size=table.size(1))
             loss = None if task_loss is None else float(task_loss(config))
+            accuracy = None if task_exact_match is None else float(task_exact_match(config))
             noise_norm = report["noise_norm"]["median"]
             for attack in usable:
                 rows.append(
@@ -213,18 +217,19 @@ def audit_sweep(
                             "epochs": epochs,
                         },
                         "task_loss": loss,
+                        "task_exact_match": accuracy,
                         "noise_config": dataclasses.asdict(config),
                     }
                 )
+    clean = dataclasses.replace(base_config, enabled=False)
     return {
         **(metadata or {}),
         "table_shape": list(table.shape),
         "tokens": int(report["tokens"]["real"]) if rows else 0,
         "median_nearest_neighbour_distance": distance,
         "confidence": confidence,
-        "clean_task_loss": None
-        if task_loss is None
-        else float(task_loss(dataclasses.replace(base_config, enabled=False))),
+        "clean_task_loss": None if task_loss is None else float(task_loss(clean)),
+        "clean_task_exact_match": None if task_exact_match is None else float(task_exact_match(clean)),
         "rows": rows,
         "skipped": [dict(t) for t in {tuple(s.items()) for s in skipped}],
     }
@@ -248,11 +253,13 @@ def format_sweep(report: dict[str, Any]) -> str:
     header = (
         f"{'mechanism':<19}{'setting':<24}{'attack':<10}{f'recovery % [{confidence}% CI]':<24}"
         f"{'rare %':<24}{'special %':<12}{'|z|/d_nn':>9}{'eps/token':>11}{'eps/seq':>11}{'task loss':>11}"
+        f"{'exact match':>13}"
     )
     lines = [
         f"tokens {report['tokens']}, table {report['table_shape']}, median nearest-neighbour distance "
         f"{report['median_nearest_neighbour_distance']:.4g}, "
-        f"clean task loss {_number(report['clean_task_loss'], '.4f')}",
+        f"clean task loss {_number(report['clean_task_loss'], '.4f')}, "
+        f"clean exact match {_number(report.get('clean_task_exact_match'), '.3f')}",
         header,
     ]
     for row in report["rows"]:
@@ -264,6 +271,7 @@ def format_sweep(report: dict[str, Any]) -> str:
             f"{_percent(special).split(' ')[0] if special and special['total'] else '-':<12}"
             f"{_number(row['noise_to_neighbour_distance']):>9}{_number(row['per_token_epsilon']):>11}"
             f"{_number(row['per_sequence_epsilon']):>11}{_number(row['task_loss'], '.4f'):>11}"
+            f"{_number(row.get('task_exact_match'), '.3f'):>13}"
         )
     return "\n".join(lines)
 
@@ -298,7 +306,16 @@ def plot_sweep(report: dict[str, Any], path: str) -> bool:
             bottom.plot(list(losses), list(losses.values()), marker="s", color="black", label="noised")
             if report.get("clean_task_loss") is not None:
                 bottom.axhline(report["clean_task_loss"], color="gray", linestyle="--", label="clean")
-            bottom.legend()
+            bottom.legend(loc="upper left")
+        matches = {row["level"]: row.get("task_exact_match") for row in rows}
+        matches = {level: value for level, value in matches.items() if value is not None}
+        if matches:
+            right = bottom.twinx()
+            right.plot(list(matches), list(matches.values()), marker="^", color="tab:green", label="exact match")
+            if report.get("clean_task_exact_match") is not None:
+                right.axhline(report["clean_task_exact_match"], color="tab:green", linestyle=":", label="clean EM")
+            right.set(ylabel="held-out exact match", ylim=(-0.03, 1.03))
+            right.legend(loc="center left")
         for axis in (top, bottom):
             axis.set_xscale("log")
             axis.grid(alpha=0.3)
