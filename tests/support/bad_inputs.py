@@ -123,6 +123,16 @@ def _ledger(*arguments: str) -> Callable[[], None]:
     return run
 
 
+def _audit(*arguments: str) -> Callable[[], None]:
+    def run() -> None:
+        from nemo_noise_plugin.cli.nemo_noise import run_audit
+
+        with tempfile.TemporaryDirectory() as folder:
+            run_audit([*arguments, f"output_dir={folder}"])
+
+    return run
+
+
 def _preset(text: str, loader: str = "noise") -> Callable[[], None]:
     def run() -> None:
         from nemo_noise_plugin.distillation.config import load_kd_config
@@ -423,6 +433,31 @@ def _ledger_cases() -> list[BadInput]:
     ]
 
 
+def _audit_cases() -> list[BadInput]:
+    surface = "nemo noise audit"
+    return [
+        BadInput(surface, "model=gpt5", _audit("model=gpt5", "sweep=alpha:1"), ("model='gpt5'", "tiny, smollm2")),
+        BadInput(surface, "no sweep", _audit("model=tiny"), ("sweep",)),
+        BadInput(surface, "sweep=alpha:1,x", _audit("model=tiny", "sweep=alpha:1,x"), ("field:level",)),
+        BadInput(surface, "sweep field of another mechanism", _audit("model=tiny", "sweep=eta:1"), ("eta", "alpha")),
+        BadInput(surface, "tokens=many", _audit("model=tiny", "sweep=alpha:1", "tokens=many"), ("tokens='many'",)),
+        BadInput(surface, "attacks=nn_l3", _audit("model=tiny", "sweep=alpha:1", "attacks=nn_l3"), ("nn_l3",)),
+        BadInput(surface, "unknown key", _audit("model=tiny", "sweep=alpha:1", "tokenz=5"), ("tokenz",)),
+        BadInput(
+            surface,
+            "hf_dir with model=tiny",
+            _audit("model=tiny", "sweep=alpha:1", "hf_dir=/tmp"),
+            ("hf_dir", "smollm2"),
+        ),
+        BadInput(
+            surface,
+            "hf_dir that is not an HF folder",
+            _audit("model=smollm2", "sweep=alpha:1", "hf_dir=/nonexistent/hf"),
+            ("hf_dir='/nonexistent/hf'", "config.json"),
+        ),
+    ]
+
+
 def _preset_cases() -> list[BadInput]:
     return [
         BadInput("load_noise_config (YAML)", "syntax error", _preset("alpha: [1, 2\n"), ("not valid YAML",)),
@@ -446,4 +481,12 @@ def _preset_cases() -> list[BadInput]:
 
 def all_cases() -> list[BadInput]:
     """Every catalogued bad input."""
-    return [*_noise_cases(), *_kd_cases(), *_main_job_cases(), *_finetune_cases(), *_ledger_cases(), *_preset_cases()]
+    return [
+        *_noise_cases(),
+        *_kd_cases(),
+        *_main_job_cases(),
+        *_finetune_cases(),
+        *_ledger_cases(),
+        *_audit_cases(),
+        *_preset_cases(),
+    ]
