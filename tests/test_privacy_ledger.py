@@ -186,3 +186,7 @@ def test_nemo_noise_ledger_prints_the_same_table():
     expected = privacy_ledger(load_noise_config(GAUSSIAN_PRESET), sequence_length=512, epochs=3, hidden_size=4096)
     assert _ledger_table(result.stdout) == format_ledger(expected)
     assert "2409.21" in result.stdout
+    # the user's table first; no third-party chatter (only NeMo-Run's own torch import warns, before the plugin)
+    assert result.stdout.splitlines()[0] == "Privacy ledger: gaussian_mechanism", result.stdout[:1000]
+    chatter = [line for line in result.stderr.splitlines() if "Warning" in line or "INFO" in line]
+    assert [line for line in chatter if "pynvml" not in line] == [], result.stderr[-3000:]

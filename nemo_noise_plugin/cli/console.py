@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 import warnings
+from pathlib import Path
 
-__all__ = ["INFO_ONLY_LOGGERS", "KNOWN_LOG_RECORDS", "KNOWN_WARNINGS", "quiet_third_party"]
+__all__ = ["INFO_ONLY_LOGGERS", "KNOWN_LOG_RECORDS", "KNOWN_WARNINGS", "quiet_for_nemo_command", "quiet_third_party"]
 
 KNOWN_WARNINGS: tuple[str, ...] = (
     "Apex is not installed",
@@ -65,3 +67,10 @@ def quiet_third_party(verbose: bool = False) -> None:
         logging.getLogger(name).addFilter(_DropKnownRecords(prefixes))
     for name in INFO_ONLY_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def quiet_for_nemo_command() -> None:
+    """``quiet_third_party`` for the ``nemo`` command, as soon as NeMo-Run loads the plugin's entry-point modules
+    (before they import Megatron); nothing when another program imports them, or with ``--verbose``/``-v``."""
+    if Path(sys.argv[0]).name == "nemo":
+        quiet_third_party("--verbose" in sys.argv or "-v" in sys.argv)

@@ -42,11 +42,14 @@ import nemo_run as run
 import typer
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, _is_torchrun
 
-from nemo_noise_plugin.cli.console import quiet_third_party
-from nemo_noise_plugin.recipes import RECIPES, recipe_function
-from nemo_noise_plugin.training.executors import EXECUTOR_FACTORIES, build_executor, launch_finetune
-from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune, unknown_factory
-from nemo_noise_plugin.training.launch import GPUUnavailableError
+from nemo_noise_plugin.cli.console import quiet_for_nemo_command, quiet_third_party
+
+quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
+
+from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402
+from nemo_noise_plugin.training.executors import EXECUTOR_FACTORIES, build_executor, launch_finetune  # noqa: E402
+from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune, unknown_factory  # noqa: E402
+from nemo_noise_plugin.training.launch import GPUUnavailableError  # noqa: E402
 
 __all__ = [
     "FinetuneEntrypoint",

@@ -18,7 +18,10 @@ from typing import Any, Optional
 import nemo_run as run
 from nemo_run.cli.api import Entrypoint
 
-from nemo_noise_plugin.cli.console import quiet_third_party
+from nemo_noise_plugin.cli.console import quiet_for_nemo_command, quiet_third_party
+
+quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
+
 
 LEDGER_SETTINGS: dict[str, type] = {
     "config": str,
