@@ -52,6 +52,21 @@ def copy_student_into_teacher(student: nn.Module, teacher: nn.Module) -> None:
                 tensor.copy_(source[name])
 
 
+def settle_teacher_from(student: nn.Module, weights: dict[str, torch.Tensor]) -> bool:
+    """Load ``weights`` (a state dict of the student's architecture) into the chunk's teacher and mark it settled;
+    False when the chunk has no teacher. For a resumed run whose start weights are known (the main job's clean
+    pre-training): the weights the teacher was copied from at iteration 0."""
+    inner = unwrap_model(student)
+    teacher = inner.__dict__.get(_TEACHER)
+    if teacher is None:
+        return False
+    missing, unexpected = teacher.load_state_dict(weights, strict=False)
+    if unexpected or [name for name in missing if not name.endswith("_extra_state")]:
+        raise RuntimeError(f"the weights do not fit the teacher: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    object.__setattr__(inner, _SETTLED, True)
+    return True
+
+
 def ready_teacher(state: Any, model: nn.Module) -> nn.Module:
     """The chunk's teacher with settled weights (see the module docstring); settles it on the first call."""
     inner = unwrap_model(model)

@@ -14,6 +14,7 @@ import torch
 from megatron.core.utils import unwrap_model
 
 from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.distillation.teacher_weights import settle_teacher_from
 
 __all__ = ["CaptureWeights", "StartFromWeights"]
 
@@ -32,8 +33,10 @@ class CaptureWeights(_Callback):
 
 
 class StartFromWeights(_Callback):
-    """Loads ``weights`` (from ``CaptureWeights``) into the first model chunk when training starts at iteration 0
-    (a run resumed from its checkpoint keeps the checkpoint's weights).
+    """Loads ``weights`` (from ``CaptureWeights``) into the first model chunk when training starts at iteration 0.
+
+    A run resumed from its checkpoint keeps the checkpoint's weights; a distillation run's clean teacher, which
+    checkpoints do not hold (``distillation.teacher_weights``), is given ``weights`` again, as at iteration 0.
 
     Megatron's mixed-precision optimizers keep float32 main copies of the parameters: they are refreshed from the
     loaded weights (``reload_model_params``), so the first optimizer step starts from them too.
@@ -43,7 +46,8 @@ class StartFromWeights(_Callback):
         self.weights = weights
 
     def on_train_start(self, context: Any) -> None:
-        if context.state.train_state.step:  # resumed from a checkpoint: its weights are the run's own, keep them
+        if context.state.train_state.step:  # resumed: the student keeps its checkpoint's weights; a clean teacher
+            settle_teacher_from(context.model[0], self.weights)  # gets the start weights it was copied from
             return
         model = unwrap_model(context.model[0])
         missing, unexpected = model.load_state_dict(self.weights, strict=False)

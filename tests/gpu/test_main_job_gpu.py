@@ -75,3 +75,31 @@ def test_finetune_command_runs_distillation_through_bridge(tmp_path):
     assert len(lm) == 12 and len(kd) == 12, result.stdout[-3000:]
     assert lm[-1] < lm[0] - 1.0 and all(value >= 0 for value in kd)
     assert (tmp_path / "checkpoints" / "iter_0000012").is_dir()
+
+
+KD_PROGRESS_LINE = re.compile(r"^\s*(\d+)/(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+(\d+)\s*$", re.MULTILINE)
+
+
+def _lm_and_kd_by_step(stdout: str, total: int) -> dict[int, tuple[float, float]]:
+    """Step -> (lm loss, kd loss) of the noisy run (``step/total`` lines of that run's length)."""
+    return {int(s): (float(lm), float(kd)) for s, t, lm, kd, _ in KD_PROGRESS_LINE.findall(stdout) if int(t) == total}
+
+
+def test_distillation_after_clean_pretraining_resumes_with_its_teacher(tmp_path):
+    """Bridge's loop, the distillation recipe after 10 clean steps: stopped at 10 of 20 and resumed, the noisy run
+    distils from the same clean teacher (the pre-trained weights, not the initialisation) as an uninterrupted run."""
+    interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
+    common = ["--recipe", "tiny_noise_distillation", "--clean-pretrain-steps", "10", "--steps", "20", "--no-control"]
+    first = _run("nemo_noise_plugin", *common, "--stop-after", "10", "--output-dir", str(interrupted))
+    checkpoints = interrupted / "tiny_noise_distillation" / "checkpoints"
+    assert (checkpoints / "clean_pretrain_10" / "iter_0000010").is_dir()
+    assert (checkpoints / "after_clean_10" / "iter_0000010").is_dir()
+    resumed = _run("nemo_noise_plugin", *common, "--output-dir", str(interrupted))
+    whole = _run("nemo_noise_plugin", *common, "--output-dir", str(uninterrupted))
+    before, after = _lm_and_kd_by_step(first.stdout, 20), _lm_and_kd_by_step(resumed.stdout, 20)
+    reference = _lm_and_kd_by_step(whole.stdout, 20)
+    assert sorted(before) == list(range(1, 11)) and sorted(after) == list(range(11, 21)), resumed.stdout[-3000:]
+    print("kd resumed vs uninterrupted:", [(after[s][1], reference[s][1]) for s in range(11, 21)])
+    for step in range(11, 21):  # up to the GPU's non-deterministic reductions
+        assert abs(after[step][0] - reference[step][0]) < 2e-2, (step, after[step], reference[step])
+        assert abs(after[step][1] - reference[step][1]) < 2e-2, (step, after[step], reference[step])
