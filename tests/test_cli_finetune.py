@@ -369,7 +369,9 @@ def test_nemo_llm_finetune_dry_run_applies_the_overrides(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
-    assert "Dry run (nothing launched):" in out
+    assert out.splitlines()[0] == "Dry run (nothing launched):", out[:2000]  # the user's information first
+    chatter = [line for line in result.stderr.splitlines() if "Warning" in line or "INFO" in line]
+    assert [line for line in chatter if "pynvml" not in line] == [], result.stderr[-3000:]  # only NeMo-Run's own
     assert "forward step  nemo_noise_plugin.training.forward_step.distillation_forward_step" in out
     assert "7 iterations" in out and "alpha=10.0" in out and "temperature=2.0" in out
     assert f"save={tmp_path} " in out
