@@ -146,3 +146,12 @@ def test_a_resumed_distillation_run_distils_from_the_weights_it_started_from(tmp
     assert {**stopped.losses, **resumed.losses} == straight.losses
     for name, value in resumed.weights.items():
         assert torch.equal(value, straight.weights[name]), name
+
+
+def test_a_damaged_checkpoint_is_a_clear_error_and_is_kept(tmp_path):
+    _run(_config(tmp_path, exit_interval=2))
+    (saved,) = (tmp_path / "tiny_noise_sft" / "checkpoints").glob("cpu_state-*.pt")
+    saved.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match=rf"checkpoint {saved} cannot be resumed from .*move or delete it"):
+        _run(_config(tmp_path))
+    assert saved.read_bytes() == b"not a checkpoint"

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from nemo_noise_plugin.batches import collate, recipe_datasets
 from nemo_noise_plugin.bridge_imports import import_bridge
@@ -134,6 +136,7 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], finger
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "model_parallel_rng": get_cuda_rng_tracker().get_states(),  # dropout inside TP regions
             "user_state": dict(manager.user_state),
         }
         checkpoint.save(state_dict)
@@ -178,17 +181,25 @@ def _resume(
     train_iters: int,
 ) -> int:
     """Load this configuration's saved state, if any, into the loop's objects; returns the first iteration to run."""
-    saved = checkpoint.load()
-    if saved is None:
-        if checkpoint.save_path is not None:
-            print(f"checkpoint: {checkpoint.save_path} (the same settings resume from it)")
-        return 0
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
-    torch.set_rng_state(saved["torch_rng"])
-    user_state.update(saved["user_state"])
-    iteration = saved["iteration"]
+    try:
+        saved = checkpoint.load()
+        if saved is None:
+            if checkpoint.save_path is not None:
+                print(f"checkpoint: {checkpoint.save_path} (the same settings resume from it)")
+            return 0
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["torch_rng"])
+        get_cuda_rng_tracker().set_states(saved["model_parallel_rng"])
+        user_state.update(saved["user_state"])
+        iteration = int(saved["iteration"])
+    except (OSError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError) as error:
+        reason = " ".join(str(error).split())[:300]
+        raise ValueError(
+            f"checkpoint {checkpoint.load_path} cannot be resumed from ({type(error).__name__}: {reason}); it is kept "
+            "as it is: move or delete it to train these settings from the start."
+        ) from None
     print(f"resumed from {checkpoint.load_path} at iteration {iteration} of {train_iters}")
     return iteration
 
