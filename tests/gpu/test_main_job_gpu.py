@@ -32,7 +32,9 @@ def _losses_by_step(stdout: str) -> dict[int, float]:
 
 def test_tiny_recipe_trains_saves_resumes_with_the_same_noise_and_reports(tmp_path):
     interrupted, uninterrupted = tmp_path / "interrupted", tmp_path / "uninterrupted"
-    first = _run("nemo_noise_plugin", "--steps", "30", "--stop-after", "20", "--output-dir", str(interrupted))
+    # --no-control: the progress lines below are the noisy run's only (a control run prints its own 1..30 first)
+    common = ("nemo_noise_plugin", "--steps", "30", "--no-control")
+    first = _run(*common, "--stop-after", "20", "--output-dir", str(interrupted))
     assert "Bridge's training loop" in first.stdout
     first_losses = _losses_by_step(first.stdout)
     assert sorted(first_losses) == list(range(1, 21))
@@ -40,14 +42,14 @@ def test_tiny_recipe_trains_saves_resumes_with_the_same_noise_and_reports(tmp_pa
     checkpoints = interrupted / "tiny_noise_sft" / "checkpoints"
     assert (checkpoints / "iter_0000020").is_dir()
 
-    resumed = _run("nemo_noise_plugin", "--steps", "30", "--output-dir", str(interrupted))  # resumes at 20
+    resumed = _run(*common, "--output-dir", str(interrupted))  # resumes at 20
     assert re.search(r"iteration\s+21/\s+30", resumed.stdout), "Bridge did not resume at iteration 21"
     assert (checkpoints / "iter_0000030").is_dir()
     resumed_losses = _losses_by_step(resumed.stdout)
     assert sorted(resumed_losses) == list(range(21, 31))
     assert "the model at iteration 20" in resumed.stdout  # the resumed run's report starts from its checkpoint
 
-    whole_run = _run("nemo_noise_plugin", "--steps", "30", "--output-dir", str(uninterrupted))
+    whole_run = _run(*common, "--output-dir", str(uninterrupted))
     whole = _losses_by_step(whole_run.stdout)
     latest = uninterrupted / "tiny_noise_sft" / "reports" / "latest"
     report = json.loads((latest / "robustness.json").read_text())
