@@ -80,10 +80,12 @@ class RunReport:
         """Where the report file ``name`` will be once the report is finished."""
         return self.folder / name
 
-    def write(self, name: str, writer: Callable[[Path], Any]) -> None:
-        """Write the file ``name`` of this report by calling ``writer(path)`` on a path in the partial folder."""
+    def write(self, name: str, writer: Callable[[Path], Any]) -> Path:
+        """Write the file ``name`` of this report by calling ``writer(path)`` on a path in the partial folder; returns
+        that path (readable until ``finish`` moves the folder to ``path(name)``)."""
         try:
-            writer(self._partial_folder() / name)
+            target = self._partial_folder() / name
+            writer(target)
         except BaseException as error:  # an interrupt mid-write leaves nothing half-written behind either
             self.discard()
             if not isinstance(error, OSError):
@@ -93,6 +95,7 @@ class RunReport:
                 f"cannot write {self.path(name)}: {_reason(error)}; this run's report was not kept, earlier reports "
                 f"in {self.reports} are unchanged.",
             ) from None
+        return target
 
     def write_json(self, name: str, data: Any) -> None:
         """Write ``data`` as indented JSON."""

@@ -189,13 +189,12 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
 
         from nemo_noise_plugin.instructions import instruction_examples
 
-        written: list[str] = []
         model = unwrap_model(context.model[0])
         source = context.state.cfg.tokenizer.tokenizer_model
-        self.report.write("hf", lambda path: written.append(export_hf(model, source, str(path))))
+        written = self.report.write("hf", lambda path: export_hf(model, source, str(path)))
         examples = instruction_examples("validation")[: self.samples]
         questions = [[m for m in example["messages"] if m["role"] != "assistant"] for example in examples]
-        replies = hf_generate(written[0], questions)
+        replies = hf_generate(str(written), questions)
         self.results["exported"] = str(self.report.path("hf"))
         self.results["transformers_replies"] = [
             {"question": q[-1]["content"], "reply": r, "answer": e["messages"][-1]["content"]}

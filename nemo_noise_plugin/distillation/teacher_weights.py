@@ -52,6 +52,14 @@ def copy_student_into_teacher(student: nn.Module, teacher: nn.Module) -> None:
                 tensor.copy_(source[name])
 
 
+def load_weights(module: nn.Module, weights: dict[str, torch.Tensor], what: str) -> None:
+    """``module.load_state_dict(weights)``, where only Transformer Engine's ``_extra_state`` entries may be missing;
+    ``RuntimeError`` naming ``what`` otherwise."""
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    if unexpected or [name for name in missing if not name.endswith("_extra_state")]:
+        raise RuntimeError(f"{what} do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
 def settle_teacher_from(student: nn.Module, weights: dict[str, torch.Tensor]) -> bool:
     """Load ``weights`` (a state dict of the student's architecture) into the chunk's teacher and mark it settled;
     False when the chunk has no teacher. For a resumed run whose start weights are known (the main job's clean
@@ -60,9 +68,7 @@ def settle_teacher_from(student: nn.Module, weights: dict[str, torch.Tensor]) ->
     teacher = inner.__dict__.get(_TEACHER)
     if teacher is None:
         return False
-    missing, unexpected = teacher.load_state_dict(weights, strict=False)
-    if unexpected or [name for name in missing if not name.endswith("_extra_state")]:
-        raise RuntimeError(f"the weights do not fit the teacher: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    load_weights(teacher, weights, "the teacher's start weights")
     object.__setattr__(inner, _SETTLED, True)
     return True
 

@@ -168,8 +168,7 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], finger
         if stop_here:
             print(f"stopped at iteration {done} (train.exit_interval); the same settings resume from {checkpoint.name}")
             return
-    state.train_state.step = train.train_iters
-    fire("on_train_end")
+    fire("on_train_end")  # train_state.step is train_iters here: set by the last iteration, or by the resume
 
 
 def _resume(

@@ -14,7 +14,7 @@ import torch
 from megatron.core.utils import unwrap_model
 
 from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.distillation.teacher_weights import settle_teacher_from
+from nemo_noise_plugin.distillation.teacher_weights import load_weights, settle_teacher_from
 
 __all__ = ["CaptureWeights", "StartFromWeights"]
 
@@ -50,11 +50,7 @@ class StartFromWeights(_Callback):
             settle_teacher_from(context.model[0], self.weights)  # gets the start weights it was copied from
             return
         model = unwrap_model(context.model[0])
-        missing, unexpected = model.load_state_dict(self.weights, strict=False)
-        if unexpected or [name for name in missing if not name.endswith("_extra_state")]:
-            raise RuntimeError(
-                f"the captured weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            )
+        load_weights(model, self.weights, "the captured weights")
         reload = getattr(context.optimizer, "reload_model_params", None)
         if callable(reload):
             reload()
