@@ -22,6 +22,7 @@ from nemo_noise_plugin.cli import finetune as finetune_cli
 from nemo_noise_plugin.recipes import RECIPES
 from nemo_noise_plugin.training.finetune import FinetuneError, UnknownFactoryError, run_finetune
 from nemo_noise_plugin.training.launch import GPU_REQUIRED_MESSAGE, GPUUnavailableError
+from tests.support.nemo2 import write_nemo2_llm
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NEMO = pathlib.Path(sys.executable).with_name("nemo")
@@ -308,14 +309,7 @@ def test_under_torchrun_nemo_does_not_ask(cli_llm, fake_training, monkeypatch):
 
 
 def test_with_nemo2_installed_the_plugin_does_not_shadow_its_llm_finetune(tmp_path):
-    llm = tmp_path / "nemo" / "collections" / "llm"
-    llm.mkdir(parents=True)
-    (tmp_path / "nemo" / "__init__.py").write_text("")
-    (tmp_path / "nemo" / "collections" / "__init__.py").write_text("")
-    (llm / "__init__.py").write_text(
-        "import nemo_run as run\n\n@run.cli.entrypoint(namespace='llm')\ndef finetune(model: str = 'm') -> None:\n"
-        "    pass\n"
-    )
+    write_nemo2_llm(tmp_path)
     script = textwrap.dedent(
         """
         import catalogue

@@ -1,8 +1,9 @@
-"""``nemo llm finetune ... executor=local|slurm``: launches through NeMo-Run's executors (its real packaging, dry run,
-torchx local scheduler and torchrun), checked before anything starts.
+"""``nemo llm finetune ... executor=local|slurm|docker|lepton|dgxcloud``: launches through NeMo-Run's executors (its
+real packaging, dry run, torchx local scheduler and torchrun), checked before anything starts.
 
-The dry runs print what NeMo-Run would launch (the sbatch script, the torchrun command) and touch no GPU or
-cluster; the local executor really starts torchrun processes here (gloo on the CPU).
+The dry runs print what NeMo-Run would launch (the sbatch script, the torchrun command, the container or cluster job)
+and touch no GPU, Docker daemon or cluster; the local executor really starts torchrun processes here (gloo on the CPU).
+Every bad executor setting is also in the bad-input catalogue (``tests/support/bad_inputs.py``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -20,14 +22,15 @@ import yaml
 from nemo_run.config import get_nemorun_home, set_nemorun_home
 from nemo_run.core.execution.launcher import Torchrun
 
-from nemo_noise_plugin.training.executors import (
+from nemo_noise_plugin.training.executor_settings import (
     ExecutorSettingError,
     build_executor,
     check_executor,
     local_executor,
-    run_on_executor,
     slurm_executor,
 )
+from nemo_noise_plugin.training.executors import run_on_executor
+from tests.support.nemo2 import write_nemo2_llm
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -135,6 +138,107 @@ def test_slurm_dry_run_of_llama31_8b_distillation_on_two_nodes_of_eight_gpus(
     assert not torch.cuda.is_initialized()
 
 
+def _job_lines(out: str) -> dict[str, str]:
+    """The ``Would launch`` block of a container or cluster job dry run: each line's label -> its value."""
+    block = out.partition("Would launch (")[2]
+    pairs = (re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in block.splitlines()[1:] if line.strip())
+    return {pair[0]: pair[1] for pair in pairs if len(pair) == 2}
+
+
+def test_docker_dry_run_shows_the_container_its_gpus_mounts_and_torchrun_line(cli_llm, nemorun_home, capsys):
+    args = [
+        "executor=docker",
+        f"executor.container_image={IMAGE}",
+        'executor.volumes=["/data:/data"]',
+        "executor.env_vars.NCCL_DEBUG=INFO",
+        "model.noise.alpha=10",
+    ]
+    _execute(cli_llm, args, factory="tiny_noise_distillation", dryrun=True)
+    out = capsys.readouterr().out
+    assert "executor      DockerExecutor: 1 node(s) x 8 rank(s)" in out
+    assert "NoisyDistillationProvider" in out and "alpha=10.0" in out
+    job = _job_lines(out)
+    assert job["image"] == IMAGE
+    assert job["resources"] == "8 GPU(s), runtime nvidia, ipc_mode host, shm_size 16g, network nemo_run"
+    mounts = job["mounts"].split(", ")
+    assert mounts[0] == "/data:/data"
+    assert mounts[1].endswith("/tiny_noise_distillation:/nemo_run (the job directory)")
+    assert pathlib.Path(mounts[1].split(":")[0]).is_relative_to(nemorun_home / "experiments")
+    assert {"NCCL_DEBUG=INFO", "TORCH_NCCL_AVOID_RECORD_STREAMS=1", "NCCL_NVLS_ENABLE=0"} <= set(job["env"].split())
+    assert job["command"].startswith("torchrun --rdzv-backend c10d --rdzv-endpoint localhost:0")
+    assert "--nnodes 1 --nproc-per-node 8 --node-rank 0" in job["command"]
+    assert job["command"].endswith(
+        "-m nemo_run.core.runners.fdl_runner -n tiny_noise_distillation "
+        "/nemo_run/configs/tiny_noise_distillation_fn_or_script"
+    )
+    assert _experiment_folders(nemorun_home) == []
+    assert not torch.cuda.is_initialized()
+
+
+@pytest.mark.slow
+def test_lepton_dry_run_of_llama31_8b_distillation_on_two_nodes_of_eight_gpus(
+    cli_llm, nemorun_home, offline_hub_with_llama_config, capsys
+):
+    args = [
+        "executor=lepton",
+        "executor.nodes=2",
+        f"executor.container_image={IMAGE}",
+        "executor.resource_shape=gpu.8xh100-80gb",
+        "executor.node_group=noise-nodes",
+        'executor.mounts=[{"path": "/", "mount_path": "/shared", "from": "node-nfs:shared"}]',
+        "executor.nemo_run_dir=/shared/nemo_run",
+        "executor.env_vars.NCCL_DEBUG=INFO",
+        "model.noise.alpha=10",
+    ]
+    _execute(cli_llm, args, factory="llama31_8b_noise_distillation", dryrun=True)
+    out = capsys.readouterr().out
+    assert "executor      LeptonExecutor: 2 node(s) x 8 rank(s)" in out and "TP=2, PP=1" in out
+    job = _job_lines(out)
+    assert "  job Lepton job: 2 replica(s) of shape gpu.8xh100-80gb in node group noise-nodes\n" in out
+    assert job["image"] == IMAGE and job["ranks"].startswith("2 node(s) x 8 GPU(s)")
+    local_dir, _, rest = job["job dir"].partition(" is copied to ")
+    remote_dir = rest.removesuffix(", linked at /nemo_run in the job")
+    assert remote_dir.startswith("/shared/nemo_run/experiments/llama31_8b_noise_distillation/")
+    assert remote_dir.removeprefix("/shared/nemo_run/") == str(pathlib.Path(local_dir).relative_to(nemorun_home))
+    assert {"NCCL_DEBUG=INFO", "TORCH_NCCL_AVOID_RECORD_STREAMS=1", "NCCL_NVLS_ENABLE=0"} <= set(job["env"].split())
+    assert job["command"] == (
+        "torchrun --nnodes 2 --nproc-per-node 8 --node-rank $NODE_RANK --master-addr $MASTER_ADDR "
+        "--master-port $MASTER_PORT -m nemo_run.core.runners.fdl_runner -n llama31_8b_noise_distillation "
+        "/nemo_run/configs/llama31_8b_noise_distillation_fn_or_script"
+    )
+    assert _experiment_folders(nemorun_home) == []
+    assert not torch.cuda.is_initialized()
+
+
+def test_dgxcloud_dry_run_is_a_distributed_workload_and_prints_no_secret(cli_llm, nemorun_home, capsys):
+    args = [
+        "executor=dgxcloud",
+        "executor.nodes=2",
+        f"executor.container_image={IMAGE}",
+        "executor.base_url=https://dgx.example/api/v1",
+        "executor.kube_apiserver_url=https://k8s.example",
+        "executor.client_id=noise-app",
+        "executor.client_secret=do-not-print-me",
+        "executor.project_name=noise",
+        'executor.pvcs=[{"name": "ws", "path": "/workspace", "claimName": "ws-pvc"}]',
+        "executor.pvc_nemo_run_dir=/workspace/nemo_run",
+        "model.tensor_model_parallel_size=2",
+    ]
+    _execute(cli_llm, args, factory="tiny_noise_sft", dryrun=True)
+    out = capsys.readouterr().out
+    assert "do-not-print-me" not in out
+    assert "executor      DGXCloudExecutor: 2 node(s) x 8 rank(s)" in out and "TP=2" in out
+    job = _job_lines(out)
+    title = "  job DGX Cloud distributed (PyTorch, 2 workers) workload in project noise (https://dgx.example/api/v1)"
+    assert f"{title}\n" in out
+    assert "is copied to /workspace/nemo_run/experiments/tiny_noise_sft/" in job["job dir"]
+    assert job["command"] == (
+        "torchrun --nnodes 2 --nproc-per-node 8 -m nemo_run.core.runners.fdl_runner -n tiny_noise_sft "
+        "/nemo_run/configs/tiny_noise_sft_fn_or_script"
+    )
+    assert _experiment_folders(nemorun_home) == []
+
+
 def test_a_recipe_that_cannot_be_built_here_is_resolved_by_each_rank(cli_llm, nemorun_home, capsys):
     factory = "tests.support.executor_tasks.recipe_needing_the_hub"
     _execute(cli_llm, ["executor=local", "model.noise.alpha=3"], factory=factory, dryrun=True)
@@ -166,14 +270,46 @@ def test_nemo_llm_finetune_dry_run_with_a_local_executor_prints_the_torchrun_com
     assert not (tmp_path / "home" / "experiments").exists() or not list((tmp_path / "home" / "experiments").glob("*/*"))
 
 
+@pytest.mark.slow
+def test_with_nemo2_installed_nemo_noise_finetune_launches_through_an_executor(tmp_path):
+    """Where NeMo 2 owns ``nemo llm``, the plugin's command is ``nemo noise finetune``, executors included."""
+    write_nemo2_llm(tmp_path / "nemo2")
+    env = {
+        **os.environ,
+        "COLUMNS": "200",
+        "NEMORUN_HOME": str(tmp_path / "home"),
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "nemo2"), str(REPO)]),
+    }
+    arguments = ["-f", "tiny_noise_sft", "--dryrun", "executor=slurm", "executor.account=acct", "executor.nodes=2"]
+    result = subprocess.run(
+        [str(NEMO), "noise", "finetune", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "executor      SlurmExecutor on @localhost: 2 node(s) x 8 rank(s)" in result.stdout
+    assert "#SBATCH --nodes=2" in result.stdout and "--nnodes 2 --nproc-per-node 8" in result.stdout
+    assert not list((tmp_path / "home").glob("experiments/*/*"))
+
+
 # --- bad executor settings: one clear error, nothing started ---------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["executor=lokal"], "executor='lokal' is not a known executor; available: local, slurm, slurm_ssh"),
-        (["executor.nodes=2"], "'executor.nodes=2' needs an executor: add executor=NAME (local, slurm, slurm_ssh)"),
+        (
+            ["executor=lokal"],
+            "executor='lokal' is not a known executor; available: dgxcloud, docker, lepton, local, slurm, slurm_ssh",
+        ),
+        (
+            ["executor.nodes=2"],
+            "'executor.nodes=2' needs an executor: add executor=NAME "
+            "(dgxcloud, docker, lepton, local, slurm, slurm_ssh)",
+        ),
         (
             ["executor=local", "executor.ntask_per_node=2"],
             "executor.ntask_per_node is not a setting of LocalExecutor (executor=local); "
@@ -207,7 +343,7 @@ def test_ranks_that_do_not_fit_the_model_parallel_layout_are_an_error(cli_llm, n
     ]
     with pytest.raises(
         RunContextError,
-        match=r"1 x 3 ranks per node = 3 ranks is invalid for "
+        match=r"1 node\(s\) x 3 ranks per node = 3 ranks is invalid for "
         r"model\.tensor_model_parallel_size=2 x .*multiple of 2",
     ):
         _execute(cli_llm, args, factory="tiny_noise_sft", dryrun=True)
@@ -296,3 +432,7 @@ def test_finetune_through_the_local_executor_leaves_config_logs_and_report_in_th
     logs = "".join(path.read_text() for path in job_dir.rglob("*.log"))
     assert "CPU loop (Bridge's training loop needs CUDA)" in logs and "2/2" in logs
     assert (job_dir / "configs" / "tiny_noise_sft_config.yaml").is_file()  # NeMo-Run's record of the task
+    # the run is reproducible from its folder: the factory + config.yaml resolve to the same config
+    again = tmp_path / "again.yaml"
+    cli_llm.finetune(factory="tiny_noise_sft", config_file=str(job_dir / "config.yaml"), to_yaml=str(again))
+    assert again.read_text() == (job_dir / "config.yaml").read_text()

@@ -17,10 +17,10 @@ through NeMo-Run's registry, so other packages can add factories with ``run.cli.
 trailing ``key=value`` arguments do not go through NeMo-Run's parser (which edits ``run.Config`` objects, where
 ``+=`` means "add to"): ``FinetuneRunContext`` hands them to Megatron-Bridge's Hydra override path. Without
 ``executor=`` the function runs in-process; NeMo-Run's confirmation (``Continue?``) is skipped with ``-y`` or under
-torchrun (``WORLD_SIZE`` > 1). With ``executor=local|slurm|slurm_ssh`` (factories registered for this run context,
-``executor.KEY=VALUE`` settings) ``training.executors.launch_finetune`` checks everything it can, then runs a
-``run.Partial`` of ``finetune`` in a NeMo-Run experiment on that executor (``--dryrun``: the torchrun command or
-sbatch script it would launch)::
+torchrun (``WORLD_SIZE`` > 1). With ``executor=local|slurm|slurm_ssh|docker|lepton|dgxcloud`` (factories
+registered for this run context, ``executor.KEY=VALUE`` settings) ``training.executors.launch_finetune`` checks
+everything it can, then runs a ``run.Partial`` of ``finetune`` in a NeMo-Run experiment on that executor
+(``--dryrun``: the torchrun command, sbatch script, container or cluster job it would launch)::
 
     nemo llm finetune -f tiny_noise_sft executor=local executor.ntasks_per_node=8 -y
     nemo llm finetune -f llama31_8b_noise_distillation executor=slurm executor.nodes=2 executor.account=acct --dryrun
@@ -47,7 +47,8 @@ from nemo_noise_plugin.cli.console import quiet_for_nemo_command, quiet_third_pa
 quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
 
 from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402
-from nemo_noise_plugin.training.executors import EXECUTOR_FACTORIES, build_executor, launch_finetune  # noqa: E402
+from nemo_noise_plugin.training.executor_settings import EXECUTOR_FACTORIES, build_executor  # noqa: E402
+from nemo_noise_plugin.training.executors import launch_finetune  # noqa: E402
 from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune, unknown_factory  # noqa: E402
 from nemo_noise_plugin.training.launch import GPUUnavailableError  # noqa: E402
 
@@ -79,8 +80,9 @@ def finetune(
     (Megatron-Bridge's override path). --dryrun prints what would run and --to-yaml PATH writes the
     resolved config ('-': standard output); neither touches CUDA. Otherwise Bridge trains (pretrain, or finetune
     when checkpoint.pretrained_checkpoint is set) with the plugin's forward step. Add -y to skip the confirmation.
-    executor=local|slurm|slurm_ssh executor.KEY=VALUE launches it through a NeMo-Run executor instead of
-    in-process (--dryrun then prints the torchrun command or sbatch script); run_dir is set for such a task.
+    executor=local|slurm|slurm_ssh|docker|lepton|dgxcloud executor.KEY=VALUE launches it through a NeMo-Run
+    executor instead of in-process (--dryrun then prints the torchrun command, sbatch script, container or cluster
+    job); run_dir is set for such a task.
     """
     run_finetune(
         lambda: _resolve_factory(factory),
@@ -142,7 +144,7 @@ class FinetuneRunContext(RunContext):
     ``cli_command`` builds the command with only the options that work here (NeMo-Run's generic command also offers
     ``--load``, ``--yaml``, ``--repl``, ... and gives ``-y`` to both ``--yaml`` and ``--yes``). ``cli_execute``
     receives the remaining arguments: ``executor=NAME`` and ``executor.KEY=VALUE`` pick and configure a NeMo-Run
-    executor (factories registered for this context: ``local``, ``slurm``, ``slurm_ssh``, or any registered under
+    executor (factories registered for this context: ``EXECUTOR_FACTORIES``, or any registered under
     NeMo-Run's ``Executor`` types); the rest are Bridge overrides. Without an executor it calls the entrypoint
     function itself; with one, ``training.executors.launch_finetune`` runs a ``run.Partial`` of it.
     """

@@ -1,12 +1,13 @@
-"""Launching the finetune flow through NeMo-Run executors: the executor factories, the task, checks and dry run.
+"""Launching the finetune flow through NeMo-Run executors: the task, its job directory, the launch and dry run.
 
-``nemo llm finetune ... executor=local|slurm|slurm_ssh executor.KEY=VALUE`` (``cli.nemo_llm``) resolves the
-recipe and its overrides here on the launching side where it can (bad overrides and executor settings that cannot
-work are errors before anything starts), builds the task as a ``run.Partial`` of the command's own entry point
-(factory name, overrides, YAML file: the worker resolves the same config), and runs it in a NeMo-Run
-``Experiment`` with that executor. ``RunDirectory`` points the task at its job directory as the worker sees it, so
-the experiment folder holds the resolved ``config.yaml``, the logs and the robustness report. A dry run prints
-exactly what would be launched (the torchrun command, the sbatch script, the scheduler request) and starts nothing.
+``nemo llm finetune ... executor=NAME executor.KEY=VALUE`` (``cli.nemo_llm``; the executors and their checks are in
+``training.executor_settings``) resolves the recipe and its overrides here on the launching side where it can (bad
+overrides and executor settings that cannot work are errors before anything starts), builds the task as a
+``run.Partial`` of the command's own entry point (factory name, overrides, YAML file: the worker resolves the same
+config), and runs it in a NeMo-Run ``Experiment`` with that executor. ``RunDirectory`` points the task at its job
+directory as the worker sees it, so the experiment folder holds the resolved ``config.yaml``, the logs and the
+robustness report. A dry run prints exactly what would be launched (the torchrun command, the sbatch script, the
+container or cluster job) and starts nothing.
 
 Importing this module is cheap (NeMo-Run, no torch or Bridge): ``nemo`` imports it with ``cli.nemo_llm``.
 """
@@ -24,76 +25,24 @@ from typing import Any
 
 import nemo_run as run
 from nemo_run.config import RUNDIR_NAME
-from nemo_run.core.execution.launcher import Torchrun
 
+from nemo_noise_plugin.training.executor_settings import check_executor
 from nemo_noise_plugin.training.finetune import FinetuneError, apply_overrides, build_config
 
 __all__ = [
-    "EXECUTOR_FACTORIES",
-    "ExecutorSettingError",
     "RunDirectory",
-    "check_executor",
-    "build_executor",
     "describe_launch",
+    "describe_request",
+    "experiment_name",
     "finetune_task",
     "launch_finetune",
-    "local_executor",
     "resolve_on_launcher",
     "run_on_executor",
-    "slurm_executor",
-    "slurm_ssh_executor",
     "worker_run_dir",
 ]
 
-DEFAULT_ENV_VARS = {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "NCCL_NVLS_ENABLE": "0"}
-"""Environment every factory sets (Megatron's usual NCCL settings); ``+executor.env_vars.K=V`` adds more."""
-
-
-class ExecutorSettingError(FinetuneError):
-    """An ``executor=`` / ``executor.KEY=VALUE`` setting that cannot work; the message names it and what is allowed."""
-
-
-def local_executor(ntasks_per_node: int = 1) -> run.Config[run.LocalExecutor]:
-    """``executor=local``: this machine, one torchrun process per GPU (``executor.ntasks_per_node=8``)."""
-    return run.Config(
-        run.LocalExecutor, ntasks_per_node=ntasks_per_node, launcher="torchrun", env_vars=dict(DEFAULT_ENV_VARS)
-    )
-
-
-def slurm_executor(nodes: int = 1, gpus_per_node: int = 8) -> run.Config[run.SlurmExecutor]:
-    """``executor=slurm``: an sbatch job submitted from this (login) node; torchrun on each node, one rank per GPU.
-
-    Set ``executor.account=...`` (required), ``executor.partition``, ``executor.nodes``, ``executor.time``,
-    ``executor.container_image`` (a container with the plugin installed) and ``executor.container_mounts``.
-    """
-    return run.Config(
-        run.SlurmExecutor,
-        nodes=nodes,
-        ntasks_per_node=gpus_per_node,
-        gpus_per_node=gpus_per_node,
-        time="04:00:00",
-        exclusive=True,
-        mem="0",
-        launcher="torchrun",
-        env_vars=dict(DEFAULT_ENV_VARS),
-        packager=run.Config(run.Packager),
-        tunnel=run.Config(run.LocalTunnel, job_dir=""),
-    )
-
-
-def slurm_ssh_executor(nodes: int = 1, gpus_per_node: int = 8) -> run.Config[run.SlurmExecutor]:
-    """``executor=slurm_ssh``: as ``slurm``, submitted over SSH (``executor.tunnel.host/user/job_dir``)."""
-    config = slurm_executor(nodes, gpus_per_node)
-    config.tunnel = run.Config(run.SSHTunnel, host="", user="", job_dir="")
-    return config
-
-
-EXECUTOR_FACTORIES: dict[str, Callable[..., Any]] = {
-    "local": local_executor,
-    "slurm": slurm_executor,
-    "slurm_ssh": slurm_ssh_executor,
-}
-"""``executor=NAME`` -> factory; ``cli.nemo_llm`` registers them with NeMo-Run for ``finetune``'s run context."""
+WORKDIR_NOTE = f"/{RUNDIR_NAME}/code (the recipe's relative paths, e.g. its checkpoints, resolve there)"
+"""Where a container or cluster job's ranks run: ``finetune`` resolves the recipe again there."""
 
 
 def worker_run_dir(executor: Any) -> str:
@@ -150,72 +99,6 @@ def resolve_on_launcher(
     return apply_overrides(base, overrides, config_file), None
 
 
-def _setting_error(key: str, value: Any, allowed: str) -> ExecutorSettingError:
-    return ExecutorSettingError(f"executor.{key}={value!r} is invalid: {allowed}.")
-
-
-def _world_size(executor: Any) -> int:
-    return executor.nnodes() * executor.nproc_per_node()
-
-
-def check_executor(executor: Any, config: Any = None, *, cpu_loop: bool = False, gpus_here: int | None = None) -> None:
-    """Reject executor settings that cannot work, before anything starts (``ExecutorSettingError``).
-
-    Counts must be positive; a local run has one node and several ranks need the torchrun launcher; with a resolved
-    ``config`` the world size must be a multiple of TP x PP x CP. For a local run ``gpus_here`` (this machine's GPU
-    count) bounds the ranks; with no GPU only a recipe with a CPU loop (``cpu_loop``) runs, in one process.
-    """
-    from nemo_noise_plugin.training.launch import GPU_REQUIRED_MESSAGE
-
-    nodes, tasks = executor.nodes, executor.ntasks_per_node
-    if not isinstance(nodes, int) or nodes < 1:
-        raise _setting_error("nodes", nodes, "expected a whole number of nodes >= 1")
-    if not isinstance(tasks, int) or tasks < 1:
-        raise _setting_error("ntasks_per_node", tasks, "expected a whole number of ranks per node >= 1")
-    launcher = executor.get_launcher()
-    if isinstance(executor, run.LocalExecutor):
-        if nodes != 1:
-            raise _setting_error("nodes", nodes, "executor=local runs on this machine (1 node); use executor=slurm")
-        if tasks > 1 and not isinstance(launcher, Torchrun):
-            raise _setting_error(
-                "launcher", executor.launcher, f"{tasks} ranks per node need executor.launcher=torchrun"
-            )
-        if gpus_here == 0 and not cpu_loop:
-            raise ExecutorSettingError(f"executor=local on this machine: {GPU_REQUIRED_MESSAGE}")
-        if gpus_here == 0 and tasks > 1:
-            raise _setting_error(
-                "ntasks_per_node", tasks, "this machine has no GPU, and the CPU loop runs in one process (use 1)"
-            )
-        if gpus_here and tasks > gpus_here:
-            raise _setting_error("ntasks_per_node", tasks, f"this machine has {gpus_here} GPU(s); use at most that")
-    if isinstance(executor, run.SlurmExecutor):
-        if not executor.account:
-            raise _setting_error("account", executor.account, "executor=slurm needs a Slurm account")
-        gpus = executor.gpus_per_node
-        if isinstance(launcher, Torchrun) and gpus and executor.nproc_per_node() != gpus:
-            raise _setting_error(
-                "ntasks_per_node",
-                executor.nproc_per_node(),
-                f"one rank per GPU expected: executor.gpus_per_node={gpus}",
-            )
-    if config is not None:
-        model = config.model
-        sizes = {
-            "tensor_model_parallel_size": getattr(model, "tensor_model_parallel_size", 1) or 1,
-            "pipeline_model_parallel_size": getattr(model, "pipeline_model_parallel_size", 1) or 1,
-            "context_parallel_size": getattr(model, "context_parallel_size", 1) or 1,
-        }
-        model_parallel = sizes["tensor_model_parallel_size"] * sizes["pipeline_model_parallel_size"]
-        model_parallel *= sizes["context_parallel_size"]
-        world = _world_size(executor)
-        if world % model_parallel:
-            layout = " x ".join(f"model.{key}={value}" for key, value in sizes.items())
-            raise ExecutorSettingError(
-                f"executor.nodes={nodes} x {executor.nproc_per_node()} ranks per node = {world} ranks is invalid for "
-                f"{layout}: the number of ranks must be a multiple of {model_parallel}."
-            )
-
-
 def finetune_task(entry: Callable, factory: str, overrides: Sequence[str], config_file: str | None) -> run.Partial:
     """The task every rank runs: ``entry(factory=..., overrides=..., config_file=...)`` (``run_dir`` set at launch)."""
     return run.Partial(
@@ -232,26 +115,94 @@ def experiment_name(factory: str) -> str:
 
 
 def describe_request(job: Any) -> str:
-    """What a prepared and dry-run NeMo-Run job would launch: the sbatch script, the local command, or the request."""
+    """What a prepared and dry-run NeMo-Run job would launch: the sbatch script, the local command, the container
+    or cluster job (image, nodes and GPUs, command, environment, mounts, job directory), or the scheduler request."""
     info = job._dryrun_info  # set by Job.launch(dryrun=True); NeMo-Run offers no public accessor
-    request = info.request
-    if isinstance(job.executor, run.SlurmExecutor):
+    request, executor = info.request, job.executor
+    if isinstance(executor, run.SlurmExecutor):
         return str(request)
-    if isinstance(job.executor, run.LocalExecutor):
+    if isinstance(executor, run.LocalExecutor):
         lines = []
         for role, replicas in request.role_params.items():
             for index, params in enumerate(replicas):
-                env = " ".join(f"{key}={value}" for key, value in sorted(params.env.items()))
                 lines += [
                     f"  role {role}, replica {index}",
                     f"    cwd     {params.cwd}",
-                    f"    env     {env}",
+                    f"    env     {_env_line(params.env)}",
                     f"    command {' '.join(params.args)}",
                     f"    stdout  {params.stdout}",
                     f"    stderr  {params.stderr}",
                 ]
         return "\n".join(lines)
+    if isinstance(executor, run.DockerExecutor):
+        return "\n".join(_describe_container(container, executor) for container in request.containers)
+    if isinstance(executor, (run.LeptonExecutor, run.DGXCloudExecutor)):
+        return _describe_cluster_job(request, executor)
     return pprint.pformat(request, width=120)
+
+
+def _env_line(env: dict[str, str]) -> str:
+    return " ".join(f"{key}={value}" for key, value in sorted(env.items()))
+
+
+def _fields(title: str, fields: Sequence[tuple[str, str]]) -> str:
+    """``title`` and one indented ``label  value`` line per field."""
+    return "\n".join([f"  {title}", *(f"    {label:<10} {value}" for label, value in fields)])
+
+
+def _describe_container(container: Any, executor: Any) -> str:
+    """A ``docker run`` of NeMo-Run's Docker scheduler: the container, its resources, mounts and command."""
+    resources = [f"{executor.num_gpus} GPU(s)" if executor.num_gpus else "no GPU request"]
+    resources += [
+        f"{key} {getattr(executor, key)}"
+        for key in ("runtime", "ipc_mode", "shm_size")
+        if getattr(executor, key) is not None
+    ]
+    mounts = [*executor.volumes, f"{executor.job_dir}:/{RUNDIR_NAME} (the job directory)"]
+    return _fields(
+        f"container {container.name} (docker run on this machine's daemon)",
+        [
+            ("image", executor.container_image),
+            ("resources", f"{', '.join(resources)}, network {executor.network}"),
+            ("ulimits", " ".join(executor.ulimits) or "-"),
+            ("mounts", ", ".join(mounts)),
+            ("workdir", WORKDIR_NOTE),
+            ("env", _env_line(executor.env_vars | container.extra_env)),
+            ("command", " ".join(container.command)),
+            ("log", f"/{RUNDIR_NAME}/log_{container.name}.out"),
+        ],
+    )
+
+
+def _describe_cluster_job(request: Any, executor: Any) -> str:
+    """A Lepton job or DGX Cloud workload: what NeMo-Run copies to shared storage and the job it then creates."""
+    (role,) = request.app.roles
+    if isinstance(executor, run.LeptonExecutor):
+        remote_dir, storage = executor.lepton_job_dir, executor.mounts
+        job = (
+            f"Lepton job: {executor.nodes} replica(s) of shape {executor.resource_shape} in node group "
+            f"{executor.node_group}"
+        )
+        secrets = sorted(executor.secret_vars)
+    else:
+        remote_dir, storage = executor.pvc_job_dir, executor.pvcs
+        kind = "training"
+        if executor.nodes > 1:
+            kind = f"distributed ({executor.distributed_framework}, {executor.nodes} workers)"
+        job = f"DGX Cloud {kind} workload in project {executor.project_name} ({executor.base_url})"
+        secrets = []
+    fields = [
+        ("image", executor.container_image),
+        ("ranks", f"{executor.nnodes()} node(s) x {executor.nproc_per_node()} GPU(s), one torchrun rank per GPU"),
+        ("storage", ", ".join(str(entry) for entry in storage)),
+        ("job dir", f"{executor.job_dir} is copied to {remote_dir}, linked at /{RUNDIR_NAME} in the job"),
+        ("workdir", WORKDIR_NOTE),
+        ("env", _env_line(executor.env_vars | role.env)),
+    ]
+    if secrets:
+        fields.append(("secrets", f"{', '.join(secrets)} (from the workspace's secrets)"))
+    fields.append(("command", " ".join(request.cmd)))
+    return _fields(f"job {job}", fields)
 
 
 def describe_launch(task: Any, executor: Any, resolved: str) -> str:
@@ -366,51 +317,3 @@ def _gpu_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def build_executor(config: Any, name: str, settings: Sequence[str]) -> Any:
-    """Apply ``executor.KEY=VALUE`` ``settings`` (prefix removed: ``KEY=VALUE``) to an executor factory's
-    ``run.Config`` and build it; ``KEY`` may be nested (``tunnel.host=...``) or a dict entry (``env_vars.NAME=V``).
-
-    Each bad setting is an ``ExecutorSettingError`` naming it, its value and what is allowed.
-    """
-    import difflib
-    import typing
-
-    import fiddle as fdl
-    from nemo_run.cli.cli_parser import CLIException, parse_cli_args
-
-    executor_class = config.__fn_or_cls__
-    fields = typing.get_type_hints(executor_class)
-    for setting in settings:
-        key, sep, value = setting.partition("=")
-        if not sep:
-            raise ExecutorSettingError(f"executor.{setting} has no value; settings look like executor.KEY=VALUE.")
-        head, _, rest = key.partition(".")
-        public = sorted(field for field in fields if not field.startswith("_"))
-        if head not in fields or head.startswith("_"):
-            close = difflib.get_close_matches(head, public, n=1)
-            hint = f"did you mean executor.{close[0]}? " if close else ""
-            raise ExecutorSettingError(
-                f"executor.{key} is not a setting of {executor_class.__name__} (executor={name}); {hint}"
-                f"settings: {', '.join(public)}."
-            )
-        if head == "env_vars" and rest:
-            config.env_vars = {**(config.env_vars or {}), rest: value}
-            continue
-        try:
-            parse_cli_args(config, [setting])
-        except CLIException as error:
-            raise ExecutorSettingError(
-                f"executor.{key}={value!r} is invalid for {executor_class.__name__}: expected {fields[head]} "
-                f"({str(error).splitlines()[0][:200]})"
-            ) from None
-    try:
-        return fdl.build(config)
-    except TypeError as error:
-        missing = re.search(r"missing \d+ required (?:keyword-only )?arguments?: '(\w+)'", str(error))
-        if missing:
-            raise ExecutorSettingError(
-                f"executor.{missing.group(1)} is required for executor={name} (e.g. executor.{missing.group(1)}=...)."
-            ) from None
-        raise ExecutorSettingError(f"executor={name}: {str(error).splitlines()[0]}") from None

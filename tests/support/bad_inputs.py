@@ -114,6 +114,29 @@ def _finetune(*overrides: str, config_file_text: str | None = None) -> Callable[
     return run
 
 
+def _executor(*arguments: str) -> Callable[[], None]:
+    """``nemo llm finetune -f tiny_noise_sft --dryrun <arguments>`` (NeMo-Run's home in a temporary folder)."""
+
+    def run() -> None:
+        from nemo_run.cli.api import RunContextError
+        from nemo_run.config import get_nemorun_home, set_nemorun_home
+
+        from nemo_noise_plugin.cli import nemo_llm
+
+        previous = get_nemorun_home()
+        with tempfile.TemporaryDirectory() as folder, contextlib.redirect_stdout(io.StringIO()):
+            set_nemorun_home(folder)
+            try:
+                context = nemo_llm.FinetuneRunContext(name="finetune", factory="tiny_noise_sft", dryrun=True)
+                context.cli_execute(nemo_llm.finetune, list(arguments))
+            except RunContextError as error:
+                raise UserError(str(error), 1) from None
+            finally:
+                set_nemorun_home(previous)
+
+    return run
+
+
 def _ledger(*arguments: str) -> Callable[[], None]:
     def run() -> None:
         from nemo_noise_plugin.cli.nemo_noise import run_ledger
@@ -402,6 +425,101 @@ def _finetune_cases() -> list[BadInput]:
     return cases
 
 
+LEPTON = (
+    "executor=lepton",
+    "executor.container_image=nvcr.io/nvidia/nemo:25.11",
+    "executor.resource_shape=gpu.8xh100-80gb",
+    "executor.node_group=my-nodes",
+)
+DGXCLOUD = (
+    "executor=dgxcloud",
+    "executor.container_image=nvcr.io/nvidia/nemo:25.11",
+    "executor.base_url=https://dgx.example/api/v1",
+    "executor.kube_apiserver_url=https://k8s.example",
+    "executor.client_id=me",
+    "executor.client_secret=secret",
+    "executor.project_name=noise",
+)
+
+
+def _executor_cases() -> list[BadInput]:
+    surface = "nemo llm finetune executor="
+    mounts = 'executor.mounts=[{"path": "/shared", "mount_path": "/shared"}]'
+    pvcs = 'executor.pvcs=[{"name": "ws", "path": "/workspace", "claimName": "ws-pvc"}]'
+    cases = [
+        ("executor=lokal", ["executor=lokal"], ("lokal", "local, slurm")),
+        ("executor= (no name)", ["executor="], ("executor=", "local")),
+        ("executor.nodes=2 without executor=", ["executor.nodes=2"], ("executor.nodes=2", "executor=NAME")),
+        ("executor.env_vars (no value)", ["executor=local", "executor.env_vars"], ("executor.env_vars", "KEY=VALUE")),
+        ("plugins=nsys", ["plugins=nsys"], ("plugins=nsys", "executor.KEY=VALUE")),
+        ("local: ntask_per_node (typo)", ["executor=local", "executor.ntask_per_node=2"], ("ntasks_per_node",)),
+        ("local: ntasks_per_node=two", ["executor=local", "executor.ntasks_per_node=two"], ("two", "whole number")),
+        ("local: ntasks_per_node=0", ["executor=local", "executor.ntasks_per_node=0"], ("ntasks_per_node=0", ">= 1")),
+        ("local: nodes=2", ["executor=local", "executor.nodes=2"], ("executor.nodes=2", "executor=slurm")),
+        ("slurm: no account", ["executor=slurm"], ("executor.account", "required")),
+        (
+            "slurm: 4 ranks on 8 GPUs",
+            ["executor=slurm", "executor.account=a", "executor.ntasks_per_node=4"],
+            ("ntasks_per_node=4", "gpus_per_node=8"),
+        ),
+        (
+            "slurm: 3 ranks for TP=2",
+            [
+                "executor=slurm",
+                "executor.account=a",
+                "executor.gpus_per_node=3",
+                "executor.ntasks_per_node=3",
+                "model.tensor_model_parallel_size=2",
+            ],
+            ("3 ranks", "tensor_model_parallel_size=2", "multiple of 2"),
+        ),
+        ("docker: no image", ["executor=docker"], ("executor.container_image", "required")),
+        (
+            "docker: 4 GPUs, 8 ranks",
+            ["executor=docker", "executor.container_image=i", "executor.num_gpus=4"],
+            ("ntasks_per_node=8", "num_gpus=4"),
+        ),
+        (
+            "docker: volumes=abc",
+            ["executor=docker", "executor.container_image=i", "executor.volumes=abc"],
+            ("executor.volumes='abc'", "list[str]"),
+        ),
+        ("lepton: no image, no folder", ["executor=lepton"], ("executor.container_image", "executor.nemo_run_dir")),
+        (
+            "lepton: no resource shape",
+            ["executor=lepton", "executor.container_image=i", "executor.nemo_run_dir=/shared/nemo_run", mounts],
+            ("executor.resource_shape", "required"),
+        ),
+        (
+            "lepton: folder not mounted",
+            [*LEPTON, mounts, "executor.nemo_run_dir=/scratch/nemo_run"],
+            ("executor.nemo_run_dir='/scratch/nemo_run'", "mount_path", "/shared"),
+        ),
+        (
+            "lepton: mount without mount_path",
+            [*LEPTON, 'executor.mounts=[{"path": "/shared"}]', "executor.nemo_run_dir=/shared/nemo_run"],
+            ("executor.mounts", "mount_path"),
+        ),
+        (
+            "lepton: 4 ranks on 8 GPUs",
+            [*LEPTON, mounts, "executor.nemo_run_dir=/shared/nemo_run", "executor.nprocs_per_node=4"],
+            ("nprocs_per_node=4", "gpus_per_node=8"),
+        ),
+        ("dgxcloud: nothing set", ["executor=dgxcloud"], ("executor.base_url", "executor.pvc_nemo_run_dir")),
+        (
+            "dgxcloud: folder not on a PVC",
+            [*DGXCLOUD, pvcs, "executor.pvc_nemo_run_dir=/scratch/nemo_run"],
+            ("executor.pvc_nemo_run_dir='/scratch/nemo_run'", "/workspace"),
+        ),
+        (
+            "dgxcloud: nodes=0",
+            [*DGXCLOUD, pvcs, "executor.pvc_nemo_run_dir=/workspace/nemo_run", "executor.nodes=0"],
+            ("executor.nodes=0", ">= 1"),
+        ),
+    ]
+    return [BadInput(surface, text, _executor(*arguments), words) for text, arguments, words in cases]
+
+
 def _ledger_cases() -> list[BadInput]:
     surface = "nemo noise ledger"
     preset = "config=dp_gaussian_mechanism"
@@ -486,6 +604,7 @@ def all_cases() -> list[BadInput]:
         *_kd_cases(),
         *_main_job_cases(),
         *_finetune_cases(),
+        *_executor_cases(),
         *_ledger_cases(),
         *_audit_cases(),
         *_preset_cases(),
