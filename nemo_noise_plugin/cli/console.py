@@ -9,12 +9,21 @@ itself never filters warnings or logs.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["INFO_ONLY_LOGGERS", "KNOWN_LOG_RECORDS", "KNOWN_WARNINGS", "quiet_for_nemo_command", "quiet_third_party"]
+__all__ = [
+    "INFO_ONLY_LOGGERS",
+    "KNOWN_LOG_RECORDS",
+    "KNOWN_WARNINGS",
+    "TASK_RUNNERS",
+    "VERBOSE_ENV",
+    "quiet_for_nemo_command",
+    "quiet_third_party",
+]
 
 KNOWN_WARNINGS: tuple[str, ...] = (
     "Apex is not installed",
@@ -40,6 +49,12 @@ KNOWN_LOG_RECORDS: dict[str, tuple[str, ...]] = {
     "transformers.tokenization_utils_tokenizers": ("Ignoring clean_up_tokenization_spaces",),
 }
 """Logger name -> message prefixes of log records that are hidden (an optional import failing, known notices)."""
+
+VERBOSE_ENV = "NEMO_NOISE_VERBOSE"
+"""Environment variable that keeps a launched task's console verbose (``1``), set by ``nemo ... --verbose``."""
+
+TASK_RUNNERS: tuple[str, ...] = ("fdl_runner.py",)
+"""Programs that run a NeMo-Run task (``python -m nemo_run.core.runners.fdl_runner``) as ``sys.argv[0]`` names them."""
 
 INFO_ONLY_LOGGERS: tuple[str, ...] = ("megatron", "nemo_run")
 """Loggers whose INFO records (set-up details, Bridge's config dumps) are hidden; their warnings still show."""
@@ -70,7 +85,14 @@ def quiet_third_party(verbose: bool = False) -> None:
 
 
 def quiet_for_nemo_command() -> None:
-    """``quiet_third_party`` for the ``nemo`` command, as soon as NeMo-Run loads the plugin's entry-point modules
-    (before they import Megatron); nothing when another program imports them, or with ``--verbose``/``-v``."""
-    if Path(sys.argv[0]).name == "nemo":
+    """``quiet_third_party`` for the ``nemo`` command and for the tasks it launches through executors, as soon as
+    the plugin's entry-point modules are loaded (before they import Megatron).
+
+    The ``nemo`` program is quiet unless given ``--verbose``/``-v``; a task's process (NeMo-Run's ``fdl_runner``) is
+    quiet unless ``VERBOSE_ENV`` is ``1`` (``nemo ... -v`` sets it for the task). Other programs are left alone.
+    """
+    program = Path(sys.argv[0]).name
+    if program == "nemo":
         quiet_third_party("--verbose" in sys.argv or "-v" in sys.argv)
+    elif program in TASK_RUNNERS:
+        quiet_third_party(os.environ.get(VERBOSE_ENV) == "1")

@@ -36,15 +36,19 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 import nemo_run as run
 import typer
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, _is_torchrun
 
-from nemo_noise_plugin.cli.console import quiet_for_nemo_command, quiet_third_party
+from nemo_noise_plugin.cli.console import VERBOSE_ENV, quiet_for_nemo_command, quiet_third_party
+from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
 
 quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
+if Path(sys.argv[0]).name == "nemo":
+    hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
 from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402
 from nemo_noise_plugin.training.executor_settings import EXECUTOR_FACTORIES, build_executor  # noqa: E402
@@ -150,6 +154,7 @@ class FinetuneRunContext(RunContext):
     """
 
     config_file: Optional[str] = None  # noqa: UP045
+    verbose: bool = False
 
     @classmethod
     def cli_command(
@@ -192,6 +197,7 @@ class FinetuneRunContext(RunContext):
                 detach=detach,
             )
             self.config_file = config_file
+            self.verbose = verbose
             try:
                 self.cli_execute(fn, ctx.args)
             except RunContextError as error:
@@ -246,6 +252,8 @@ class FinetuneRunContext(RunContext):
             ) from None
         if isinstance(config, Executor):
             config = config.to_config()
+        if self.verbose:  # the task's processes show third-party warnings too
+            settings = [f"env_vars.{VERBOSE_ENV}=1", *settings]
         return build_executor(config, name, settings)
 
     def _confirm(self) -> bool:
