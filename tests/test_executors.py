@@ -32,14 +32,13 @@ from nemo_noise_plugin.training.executor_settings import (
     slurm_executor,
 )
 from nemo_noise_plugin.training.executors import run_on_executor
+from tests.support.hub_configs import write_offline_hub
 from tests.support.nemo2 import write_nemo2_llm
-from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NEMO = pathlib.Path(sys.executable).with_name("nemo")
 if not NEMO.exists():  # the plugin installed with --target (the GPU machine): its scripts are on PATH
     NEMO = pathlib.Path(shutil.which("nemo") or NEMO)
-LLAMA31_8B_HUB_ID = "meta-llama/Meta-Llama-3.1-8B"  # what Bridge's llama31_8b SFT recipe reads
 IMAGE = "nvcr.io/nvidia/nemo:25.11"
 
 
@@ -69,19 +68,17 @@ def _experiment_folders(home: pathlib.Path) -> list[pathlib.Path]:
     return sorted((home / "experiments").glob("*/*")) if (home / "experiments").exists() else []
 
 
-@pytest.fixture
-def offline_hub_with_llama_config(tmp_path, monkeypatch, smollm2_hf_dir):  # noqa: F811
-    """An offline Hugging Face cache whose ``meta-llama/Meta-Llama-3.1-8B`` config is SmolLM2's (a Llama config).
+def _nemo(tmp_path: pathlib.Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """The ``nemo`` command run in ``tmp_path`` with NeMo-Run's home under it (and ``env`` added)."""
+    env = {**os.environ, "COLUMNS": "200", "NEMORUN_HOME": str(tmp_path / "home"), **env}
+    return subprocess.run([str(NEMO), *args], capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
 
-    This machine cannot reach the hub; the launch does not depend on the model's size, only on the recipe's layout
-    (Bridge's llama31_8b SFT recipe: TP=2), which comes from the recipe, not from the HF config.
-    """
-    hub = tmp_path / "hf" / "hub"
-    snapshot = hub / f"models--{LLAMA31_8B_HUB_ID.replace('/', '--')}" / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (snapshot / "config.json").write_text((smollm2_hf_dir / "config.json").read_text())
-    (hub / f"models--{LLAMA31_8B_HUB_ID.replace('/', '--')}" / "refs").mkdir()
-    (hub / f"models--{LLAMA31_8B_HUB_ID.replace('/', '--')}" / "refs" / "main").write_text("0" * 40)
+
+@pytest.fixture
+def offline_hub_with_llama_config(tmp_path, monkeypatch):
+    """An offline Hugging Face cache holding the published ``meta-llama/Meta-Llama-3.1-8B`` config (and the other
+    recipes' configs, ``tests/support/hub_configs.py``), which Bridge's llama31_8b SFT recipe reads when called."""
+    hub = write_offline_hub(tmp_path / "hf") / "hub"
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     import huggingface_hub.constants as hub_constants
@@ -255,45 +252,27 @@ def test_a_recipe_that_cannot_be_built_here_is_resolved_by_each_rank(cli_llm, ne
 
 @pytest.mark.slow
 def test_nemo_llm_finetune_dry_run_with_a_local_executor_prints_the_torchrun_command(tmp_path):
-    env = {**os.environ, "COLUMNS": "200", "NEMORUN_HOME": str(tmp_path / "home")}
-    result = subprocess.run(
-        [str(NEMO), "llm", "finetune", "-f", "tiny_noise_sft", "--dryrun", "executor=local", "train.train_iters=3"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env=env,
+    result = _nemo(
+        tmp_path, "llm", "finetune", "-f", "tiny_noise_sft", "--dryrun", "executor=local", "train.train_iters=3"
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "executor      LocalExecutor: 1 node(s) x 1 rank(s)" in result.stdout
     assert "3 iterations" in result.stdout
     assert "--nnodes 1 --nproc-per-node 1 --node-rank 0 --tee 3 -m nemo_run.core.runners.fdl_runner" in result.stdout
-    assert not (tmp_path / "home" / "experiments").exists() or not list((tmp_path / "home" / "experiments").glob("*/*"))
+    assert _experiment_folders(tmp_path / "home") == []
 
 
 @pytest.mark.slow
 def test_with_nemo2_installed_nemo_noise_finetune_launches_through_an_executor(tmp_path):
     """Where NeMo 2 owns ``nemo llm``, the plugin's command is ``nemo noise finetune``, executors included."""
     write_nemo2_llm(tmp_path / "nemo2")
-    env = {
-        **os.environ,
-        "COLUMNS": "200",
-        "NEMORUN_HOME": str(tmp_path / "home"),
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "nemo2"), str(REPO), os.environ.get("PYTHONPATH")])),
-    }
+    path = os.pathsep.join(filter(None, [str(tmp_path / "nemo2"), str(REPO), os.environ.get("PYTHONPATH")]))
     arguments = ["-f", "tiny_noise_sft", "--dryrun", "executor=slurm", "executor.account=acct", "executor.nodes=2"]
-    result = subprocess.run(
-        [str(NEMO), "noise", "finetune", *arguments],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env=env,
-    )
+    result = _nemo(tmp_path, "noise", "finetune", *arguments, PYTHONPATH=path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "executor      SlurmExecutor on @localhost: 2 node(s) x 8 rank(s)" in result.stdout
     assert "#SBATCH --nodes=2" in result.stdout and "--nnodes 2 --nproc-per-node 8" in result.stdout
-    assert not list((tmp_path / "home").glob("experiments/*/*"))
+    assert _experiment_folders(tmp_path / "home") == []
 
 
 # --- bad executor settings: one clear error, nothing started ---------------------------------------------------------

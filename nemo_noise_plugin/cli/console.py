@@ -23,6 +23,7 @@ __all__ = [
     "VERBOSE_ENV",
     "quiet_for_nemo_command",
     "quiet_third_party",
+    "running_the_nemo_command",
 ]
 
 KNOWN_WARNINGS: tuple[str, ...] = (
@@ -84,6 +85,11 @@ def quiet_third_party(verbose: bool = False) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def running_the_nemo_command() -> bool:
+    """Whether this process is NeMo-Run's ``nemo`` command (which imports the plugin's entry-point modules)."""
+    return Path(sys.argv[0]).name == "nemo"
+
+
 def quiet_for_nemo_command() -> None:
     """``quiet_third_party`` for the ``nemo`` command and for the tasks it launches through executors, as soon as
     the plugin's entry-point modules are loaded (before they import Megatron).
@@ -91,8 +97,7 @@ def quiet_for_nemo_command() -> None:
     The ``nemo`` program is quiet unless given ``--verbose``/``-v``; a task's process (NeMo-Run's ``fdl_runner``) is
     quiet unless ``VERBOSE_ENV`` is ``1`` (``nemo ... -v`` sets it for the task). Other programs are left alone.
     """
-    program = Path(sys.argv[0]).name
-    if program == "nemo":
+    if running_the_nemo_command():
         quiet_third_party("--verbose" in sys.argv or "-v" in sys.argv)
-    elif program in TASK_RUNNERS:
+    elif Path(sys.argv[0]).name in TASK_RUNNERS:
         quiet_third_party(os.environ.get(VERBOSE_ENV) == "1")

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from nemo_noise_plugin.cli.console import quiet_third_party
-from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
+from nemo_noise_plugin.cli.gpu_free import hide_gpus
 from nemo_noise_plugin.recipes import RECIPES
 from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune
 from nemo_noise_plugin.training.launch import GPUUnavailableError
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_intermixed_args(argv)
     if args.dryrun or args.to_yaml is not None:
-        hide_gpus_for_dry_run(["--dryrun"])
+        hide_gpus()
     quiet_third_party(args.verbose)
     try:
         run_finetune(

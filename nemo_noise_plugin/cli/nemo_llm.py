@@ -36,18 +36,22 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Optional
 
 import nemo_run as run
 import typer
 from nemo_run.cli.api import Entrypoint, RunContext, RunContextError, _is_torchrun
 
-from nemo_noise_plugin.cli.console import VERBOSE_ENV, quiet_for_nemo_command, quiet_third_party
+from nemo_noise_plugin.cli.console import (
+    VERBOSE_ENV,
+    quiet_for_nemo_command,
+    quiet_third_party,
+    running_the_nemo_command,
+)
 from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
 
 quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
-if Path(sys.argv[0]).name == "nemo":
+if running_the_nemo_command():
     hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
 from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402

@@ -107,15 +107,7 @@ def lepton_executor(nodes: int = 1, gpus_per_node: int = 8) -> run.Config[run.Le
     ``executor.mounts`` (``'[{"path": "/shared", "mount_path": "/shared", "from": "node-nfs:lepton-shared-fs"}]'``)
     and ``executor.nemo_run_dir`` (a folder under a mount's ``mount_path``: the job directory is copied there).
     """
-    return run.Config(
-        run.LeptonExecutor,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        nprocs_per_node=gpus_per_node,
-        launcher="torchrun",
-        env_vars=dict(DEFAULT_ENV_VARS),
-        packager=run.Config(run.Packager),
-    )
+    return _cluster_job(run.LeptonExecutor, nodes, gpus_per_node)
 
 
 def dgxcloud_executor(nodes: int = 1, gpus_per_node: int = 8) -> run.Config[run.DGXCloudExecutor]:
@@ -126,8 +118,13 @@ def dgxcloud_executor(nodes: int = 1, gpus_per_node: int = 8) -> run.Config[run.
     (``'[{"name": "ws", "path": "/workspace", "claimName": "ws-pvc"}]'``) and ``executor.pvc_nemo_run_dir`` (a folder
     under a PVC's ``path``: the job directory is copied there).
     """
+    return _cluster_job(run.DGXCloudExecutor, nodes, gpus_per_node)
+
+
+def _cluster_job(executor_class: type, nodes: int, gpus_per_node: int) -> run.Config:
+    """Lepton and DGX Cloud: ``nodes`` x one torchrun rank per GPU, the usual environment, no code packaged."""
     return run.Config(
-        run.DGXCloudExecutor,
+        executor_class,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
         nprocs_per_node=gpus_per_node,
