@@ -68,15 +68,15 @@ def run_one(variant: str, seed: int, steps: int, lr: float, output_dir: str) -> 
             model = unwrap_model(context.model[0])
             model.eval()
             cfg = context.state.cfg
-            from nemo_noise_plugin.batches import collate, recipe_datasets
+            from nemo_noise_plugin.batches import collate, recipe_datasets, recipe_tokenizer
             from nemo_noise_plugin.cpu.parallel import causal_attention_mask
 
-            _, valid = recipe_datasets(cfg, 0, 0)
+            _, valid, _ = recipe_datasets(context.state)
             size = cfg.train.micro_batch_size
             batches = collate(valid, len(valid) // size, size, causal_attention_mask(cfg.model.seq_length), "cpu")
-            accuracy, per_task, _ = exact_match(model, batches, cfg.dataset.tokenizer.eod)
+            accuracy, per_task, _ = exact_match(model, batches, recipe_tokenizer(context.state).eod)
             curve = robustness_curve(
-                model, held_out_batches(cfg, 4, torch_device()), noise_for_eval(), EVAL_SCALES, logits_of
+                model, held_out_batches(context.state, 4, torch_device()), noise_for_eval(), EVAL_SCALES, logits_of
             )
             results[name] = {
                 "exact_match": accuracy,

@@ -389,7 +389,7 @@ class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").C
             return  # not the first pipeline stage
         table = _gathered_table(model)
         if self.batches is None:
-            self.batches = held_out_batches(context.state.cfg, self.held_out_count, table.device)
+            self.batches = held_out_batches(context.state, self.held_out_count, table.device)
         tokens = torch.cat([batch["tokens"] for batch in self.batches])
         loss_mask = torch.cat([batch["loss_mask"] for batch in self.batches])
         step = int(context.state.train_state.step)

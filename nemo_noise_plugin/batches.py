@@ -1,21 +1,38 @@
-"""Micro-batches from a recipe's Bridge datasets, for loops that do not use Bridge's data loader.
+"""The recipe's tokenizer and datasets as Megatron-Bridge's loop has them, and micro-batches made from them.
 
-The CPU training loop and the robustness report read the recipe's own datasets (``config.dataset``) and collate
-consecutive samples into Megatron-style batches: Bridge's GPT pretraining pipeline (``GPTDatasetConfig``, the tiny
-recipes) or Bridge's finetuning pipeline (``GPTSFTDatasetConfig``: chat template, answer-only loss mask, optionally
-packed with ``cu_seqlens``; the SmolLM2 recipes). A finetuning dataset is finite: indices wrap around (epochs), and
-its batches are made by the dataset's own ``collate_fn``.
+Bridge's ``setup()`` builds the tokenizer from ``config.tokenizer``, gives it to ``config.dataset`` only when that
+config has a ``tokenizer`` field (Megatron-Core's pretraining ``GPTDatasetConfig``; Bridge's finetuning
+``GPTSFTDatasetConfig`` has none), and builds the datasets with ``get_dataset_provider(config.dataset)``, to which it
+passes the tokenizer when the provider takes one. The plugin's callbacks (robustness report, task report, privacy
+audit) and the CPU loop read the tokenizer and datasets the same way, on CPU and GPU alike:
+
+- ``recipe_tokenizer(state)``: Bridge's ``GlobalState.tokenizer`` (built from ``config.tokenizer`` by Bridge's own
+  ``build_tokenizer``); ``setup_tokenizer(state)`` is the step of Bridge's ``setup()`` the CPU loop repeats;
+- ``recipe_datasets(state, ...)``: the train, validation and test datasets from Bridge's dataset provider for
+  ``config.dataset``, over the files Bridge prepared (index files, packed files: prepared once, on rank 0).
+
+``collate`` turns consecutive samples into Megatron-style batches: a pretraining dataset's with torch's default
+collation, a finetuning dataset's (finite: indices wrap around, i.e. epochs) with its own ``collate_fn`` (chat
+template, answer-only loss mask, ``cu_seqlens`` when packed).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any
 
 import torch
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 
-__all__ = ["collate", "is_finetuning_dataset", "recipe_datasets"]
+__all__ = [
+    "collate",
+    "is_finetuning_dataset",
+    "recipe_datasets",
+    "recipe_tokenizer",
+    "setup_tokenizer",
+]
 
 
 def is_finetuning_dataset(dataset_config: Any) -> bool:
@@ -24,22 +41,73 @@ def is_finetuning_dataset(dataset_config: Any) -> bool:
     return isinstance(dataset_config, builders.GPTSFTDatasetConfig)
 
 
-def recipe_datasets(config: Any, train_samples: int, valid_samples: int) -> tuple[Any, Any]:
-    """The train and validation datasets of ``config.dataset`` (its tokenizer already set), with these sizes.
+def recipe_tokenizer(state: Any) -> Any:
+    """The run's tokenizer: Bridge's ``GlobalState.tokenizer`` (built once from ``state.cfg.tokenizer``)."""
+    return state.tokenizer
 
-    For a finetuning dataset the sizes are those of its files; Bridge prepares packed files first when packing is on.
+
+def setup_tokenizer(state: Any) -> Any:
+    """Do what Bridge's ``setup()`` does with the tokenizer before it builds the datasets; returns the tokenizer.
+
+    The tokenizer goes to ``state.cfg.dataset.tokenizer`` only where that config declares the field (the pretraining
+    dataset config), exactly as Bridge leaves it: a finetuning config gets none, so code that reads datasets must go
+    through ``recipe_tokenizer``/``recipe_datasets``, never ``config.dataset.tokenizer``.
     """
-    if is_finetuning_dataset(config.dataset):
-        builders = import_bridge("megatron.bridge.data.builders.gpt_sft")
-        builder = builders.GPTSFTDatasetBuilder(config.dataset, config.dataset.tokenizer)
-        builder.prepare_data()
-        train, valid, _ = builder.build()
-        return train, valid
-    data = import_bridge("megatron.bridge.data.utils")
-    train, valid, _ = data.pretrain_train_valid_test_datasets_provider(
-        [train_samples, valid_samples, 0], config.dataset
-    )
-    return train, valid
+    tokenizer = recipe_tokenizer(state)
+    if hasattr(state.cfg.dataset, "tokenizer"):
+        state.cfg.dataset.tokenizer = tokenizer
+    return tokenizer
+
+
+def recipe_datasets(
+    state: Any, train_samples: int = 0, valid_samples: int = 0, *, test: bool = False, unpacked: bool = False
+) -> tuple[Any, Any, Any]:
+    """The train, validation and test datasets of ``state.cfg.dataset`` from Bridge's own dataset provider.
+
+    Args:
+        state: Bridge's ``GlobalState`` (``context.state`` in a callback); its ``cfg`` is the run's config.
+        train_samples: samples of the train split (pretraining datasets; a finetuning split is its whole file).
+        valid_samples: samples of the validation split (likewise).
+        test: also build a finetuning config's test split (``test.jsonl``) when the run's config does not
+            (``do_test=False``); the run's config is not changed.
+        unpacked: read a finetuning config's splits one example per row even when the run packs them (for
+            evaluations that score each example on its own).
+
+    The provider gets the tokenizer (``recipe_tokenizer``) when it takes one, as Bridge's ``setup()`` binds it. A
+    split the config does not build is None. Example::
+
+        _, valid, _ = recipe_datasets(context.state)
+        batches = collate(valid, 4, context.state.cfg.train.micro_batch_size, None, "cuda")
+    """
+    dataset_config = state.cfg.dataset
+    if is_finetuning_dataset(dataset_config):
+        changes: dict[str, Any] = {}
+        if test and not dataset_config.do_test:
+            changes["do_test"] = True
+        if unpacked and dataset_config.enable_offline_packing:
+            changes.update(enable_offline_packing=False, offline_packing_specs=None)
+        if changes:
+            dataset_config = dataclasses.replace(dataset_config, **changes)
+    provider = import_bridge("megatron.bridge.data.utils").get_dataset_provider(dataset_config)
+    parameters = inspect.signature(provider).parameters
+    extra: dict[str, Any] = {}
+    if "tokenizer" in parameters:
+        extra["tokenizer"] = recipe_tokenizer(state)
+    if "pg_collection" in parameters:
+        extra["pg_collection"] = _process_groups()
+    train, valid, test_set = provider([train_samples, valid_samples, 0], dataset_config, **extra)
+    return train, valid, test_set
+
+
+def _process_groups() -> Any:
+    """Megatron's process groups when model parallelism is initialised, else None (a provider then ignores them)."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return None
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    return ProcessGroupCollection.use_mpu_process_groups()
 
 
 def collate(

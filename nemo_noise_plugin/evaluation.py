@@ -18,11 +18,12 @@ import torch
 from torch import nn
 
 from nemo_noise_plugin.artifacts import RunReport
-from nemo_noise_plugin.batches import collate, recipe_datasets
+from nemo_noise_plugin.batches import collate, recipe_datasets, recipe_tokenizer
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu.parallel import causal_attention_mask
 
 __all__ = [
+    "TASK_REPORT_SPLITS",
     "TaskReport",
     "answer_positions",
     "exact_match",
@@ -104,6 +105,24 @@ def hf_generate(folder: str, questions: Sequence[list[dict[str, str]]], max_new_
     return replies
 
 
+TASK_REPORT_SPLITS = ("validation", "test")
+"""The held-out splits the task report scores: ``validation`` (Bridge's evaluation split) and ``test`` (never used
+in training or model selection; absent when the dataset has no ``test.jsonl``)."""
+
+
+def task_batches(state: Any, device: Any) -> dict[str, list[dict[str, Any]]]:
+    """Batches of every ``TASK_REPORT_SPLITS`` split the run's dataset has, one example per row, whole batches only.
+
+    Built from Bridge's dataset provider and tokenizer as the run has them (``recipe_datasets``, unpacked); the CPU
+    gets an explicit causal mask, a GPU none (the attention's own causal mask).
+    """
+    _, valid, test = recipe_datasets(state, test=True, unpacked=True)
+    size = state.cfg.train.micro_batch_size
+    mask = causal_attention_mask(state.cfg.model.seq_length) if torch.device(device).type == "cpu" else None
+    found = dict(zip(TASK_REPORT_SPLITS, (valid, test), strict=True))
+    return {split: collate(data, len(data) // size, size, mask, device) for split, data in found.items() if data}
+
+
 _BEFORE_KEY = "task_report_before"
 """Where the 'before' exact match is kept in the callbacks' ``user_state`` (saved by CPU-loop checkpoints)."""
 
@@ -151,20 +170,20 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
         from megatron.core.utils import unwrap_model
 
         model = unwrap_model(context.model[0])
-        config = context.state.cfg
         if self.batches is None:
-            _, valid = recipe_datasets(config, 0, 0)
-            size = config.train.micro_batch_size
-            device = next(model.parameters()).device
-            mask = causal_attention_mask(config.model.seq_length) if device.type == "cpu" else None
-            self.batches = collate(valid, len(valid) // size, size, mask, device)
+            self.batches = task_batches(context.state, next(model.parameters()).device)
         was_training = model.training
         model.eval()
-        eos = config.dataset.tokenizer.eod
-        accuracy, per_task, _ = exact_match(model, self.batches, eos)
+        eos = recipe_tokenizer(context.state).eod
+        splits = {}
+        for split, batches in self.batches.items():
+            accuracy, per_task, _ = exact_match(model, batches, eos)
+            splits[split] = {"exact_match": accuracy, "per_task": per_task}
         model.train(was_training)
-        self.results[name] = {"exact_match": accuracy, "per_task": per_task}
-        print(f"held-out exact match ({name} training, greedy): {accuracy:.3f}")
+        # the validation split's numbers at the top level (as before), every split's under "splits"
+        self.results[name] = {**splits[TASK_REPORT_SPLITS[0]], "splits": splits}
+        scores = ", ".join(f"{split} {result['exact_match']:.3f}" for split, result in splits.items())
+        print(f"held-out exact match ({name} training, greedy): {scores}")
 
     def on_train_start(self, context: Any) -> None:
         saved = context.user_state.get(_BEFORE_KEY) if context.state.train_state.step else None

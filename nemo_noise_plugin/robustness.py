@@ -172,9 +172,11 @@ def write_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, repo
     return folder
 
 
-def held_out_batches(config: Any, count: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """``count`` micro-batches of the recipe's validation split; an explicit causal mask on the CPU."""
-    _, valid = recipe_datasets(config, 0, count * config.train.micro_batch_size)
+def held_out_batches(state: Any, count: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """``count`` micro-batches of the run's validation split (Bridge's ``GlobalState``: ``context.state``), from the
+    datasets as Bridge's loop has them (``recipe_datasets``); an explicit causal mask on the CPU."""
+    config = state.cfg
+    _, valid, _ = recipe_datasets(state, 0, count * config.train.micro_batch_size)
     mask = causal_attention_mask(config.model.seq_length) if device.type == "cpu" else None
     return collate(valid, count, config.train.micro_batch_size, mask, device)
 
@@ -212,7 +214,7 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
         model = unwrap_model(context.model[0])
         if self.batches is None:
             device = next(model.parameters()).device
-            self.batches = held_out_batches(context.state.cfg, HELD_OUT_BATCHES, device)
+            self.batches = held_out_batches(context.state, HELD_OUT_BATCHES, device)
         return robustness_curve(model, self.batches, self.noise, sweep_scales(self.noise), logits_of)
 
     def on_train_start(self, context: Any) -> None:

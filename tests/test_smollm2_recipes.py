@@ -150,10 +150,9 @@ def test_teacher_forced_exact_match_agrees_with_greedy_decoding(model, sft_confi
     from nemo_noise_plugin.evaluation import exact_match, greedy_decode
     from nemo_noise_plugin.instructions import instruction_examples
 
-    sft_config.dataset.tokenizer = import_bridge("megatron.bridge.training.tokenizers.tokenizer").build_tokenizer(
-        sft_config.tokenizer
-    )
-    _, valid = recipe_datasets(sft_config, 0, 0)
+    state = import_bridge("megatron.bridge.training.state").GlobalState()
+    state.cfg = sft_config
+    _, valid, _ = recipe_datasets(state)
     batches = collate(valid, 2, 4, causal_attention_mask(128), "cpu")
     _, _, hits = exact_match(model, batches, EOS)
     answers = [e["messages"][-1]["content"] for e in instruction_examples()[:8]]
@@ -213,7 +212,7 @@ def trained(smollm2_hf_dir, tmp_path_factory):  # noqa: F811
             from nemo_noise_plugin.batches import recipe_datasets
             from nemo_noise_plugin.cpu.parallel import causal_attention_mask
 
-            train, _ = recipe_datasets(context.state.cfg, 0, 0)
+            train, _, _ = recipe_datasets(context.state)
             self.batches = collate(train, 3, 4, causal_attention_mask(128), "cpu")  # the batches it trains on
             model = unwrap_model(context.model[0]).eval()
             seen["before"] = response_loss(model, self.batches)

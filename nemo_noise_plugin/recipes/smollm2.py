@@ -24,7 +24,12 @@ from nemo_noise_plugin.instructions import instruction_dataset_config, write_ins
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.recipes.tiny import local_spec_settings, recipe_run_dir
 
-__all__ = ["smollm2_135m_noise_distillation_config", "smollm2_135m_noise_sft_config", "smollm2_provider"]
+__all__ = [
+    "instruction_finetuning_config",
+    "smollm2_135m_noise_distillation_config",
+    "smollm2_135m_noise_sft_config",
+    "smollm2_provider",
+]
 
 
 def smollm2_provider(hf_path: str | None = None, noise: NoiseConfig | None = None, kd: KDConfig | None = None):
@@ -46,7 +51,7 @@ def smollm2_provider(hf_path: str | None = None, noise: NoiseConfig | None = Non
     return provider, str(hf_path)
 
 
-def _instruction_config(
+def instruction_finetuning_config(
     provider,
     hf_path: str,
     *,
@@ -58,6 +63,15 @@ def _instruction_config(
     global_batch_size: int,
     micro_batch_size: int,
 ):
+    """A Bridge ``ConfigContainer`` that fine-tunes ``provider`` on the shipped instruction set with ``hf_path``'s
+    tokenizer (any HF folder or hub id with a chat template): Bridge's finetuning dataset (chat template, loss on the
+    answers; packed when ``packed_sequence_size`` is set), bf16, Adam with a cosine schedule, checkpoints under
+    ``run_dir/checkpoints`` (resumed from there). The SmolLM2 recipes are this with SmolLM2's provider; example::
+
+        config = instruction_finetuning_config(provider, "/models/my-chat-model", run_dir="runs/x", train_iters=100,
+                                               seq_length=256, lr=1e-4, packed_sequence_size=None,
+                                               global_batch_size=8, micro_batch_size=4)
+    """
     from megatron.core.distributed import DistributedDataParallelConfig
 
     c = import_bridge("megatron.bridge.training.config")
@@ -115,7 +129,7 @@ def smollm2_135m_noise_sft_config(
 ):
     """Noisy fine-tuning (NEFTune alpha 5 by default) of SmolLM2-135M-Instruct. Train with ``noise_forward_step``."""
     provider, hf_path = smollm2_provider(hf_path, noise)
-    return _instruction_config(
+    return instruction_finetuning_config(
         provider,
         hf_path,
         run_dir=recipe_run_dir(dir, name),
@@ -143,7 +157,7 @@ def smollm2_135m_noise_distillation_config(
 ):
     """Noisy SmolLM2 student + frozen clean copy, CE + forward KL. Train with ``distillation_forward_step``."""
     provider, hf_path = smollm2_provider(hf_path, noise, kd or KDConfig())
-    return _instruction_config(
+    return instruction_finetuning_config(
         provider,
         hf_path,
         run_dir=recipe_run_dir(dir, name),

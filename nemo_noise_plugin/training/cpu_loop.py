@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-from nemo_noise_plugin.batches import collate, recipe_datasets
+from nemo_noise_plugin.batches import collate, recipe_datasets, setup_tokenizer
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu import CPU_SUBSTITUTES, causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
 from nemo_noise_plugin.noise.config import NoiseConfig
@@ -80,14 +80,14 @@ def _restore_attention_settings(saved: dict[str, str]) -> None:
     os.environ.update(saved)
 
 
-def _build_model(config: Any) -> torch.nn.Module:
+def _build_model(state: Any) -> torch.nn.Module:
     from megatron.core.process_groups_config import ProcessGroupCollection
 
+    config = state.cfg
     provider = config.model
     provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
     config.dataset.skip_getting_attention_mask_from_dataset = False  # the CPU needs an explicit causal mask
-    tokenizer = import_bridge("megatron.bridge.training.tokenizers.tokenizer").build_tokenizer(config.tokenizer)
-    config.dataset.tokenizer = tokenizer
+    setup_tokenizer(state)  # as Bridge's setup() leaves the tokenizer and config.dataset
     config.dataset.finalize()
     provider.finalize()
     provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
@@ -104,10 +104,10 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], finger
     train = config.train
     micro_batches = train.global_batch_size // train.micro_batch_size
     init_num_microbatches_calculator(0, None, train.global_batch_size, train.micro_batch_size, 1)
-    model = _build_model(config)
-    train_set, _ = recipe_datasets(config, train.train_iters * train.global_batch_size, 0)
     state = import_bridge("megatron.bridge.training.state").GlobalState()
     state.cfg = config
+    model = _build_model(state)
+    train_set, _, _ = recipe_datasets(state, train.train_iters * train.global_batch_size, 0)
     manager = bridge_callbacks.CallbackManager()
     manager.add(list(callbacks))
 

@@ -1,0 +1,131 @@
+"""The report callbacks on an instruction (SFT) recipe, with the tokenizer and datasets as Bridge's ``setup()`` leaves
+them: Bridge's loop gives ``config.dataset`` (a ``GPTSFTDatasetConfig``) no tokenizer, so a callback that reads
+``config.dataset.tokenizer`` crashes on a GPU before step 1 (issue 23) while the CPU loop, which used to set it,
+hid the crash. Here a tiny GPT with a tiny chat tokenizer stands in for SmolLM2; everything else is real: Bridge's
+``GlobalState``, ``build_tokenizer``, dataset provider and finetuning pipeline, and the plugin's callbacks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+
+from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.instructions import instruction_examples
+from tests.support.chat_tokenizer import VOCAB_SIZE, write_chat_tokenizer
+
+SEQ_LENGTH = 128
+
+
+def test_bridge_setup_gives_the_tokenizer_only_to_dataset_configs_that_declare_one():
+    """What the fixture below repeats is what Bridge 0.6.2's ``setup()`` does; this fails when upstream changes it."""
+    source = inspect.getsource(import_bridge("megatron.bridge.training.setup").setup)
+    assert "tokenizer = build_tokenizer(cfg.tokenizer)" in source
+    assert 'if hasattr(cfg.dataset, "tokenizer"):\n        cfg.dataset.tokenizer = tokenizer' in source
+    builders = import_bridge("megatron.bridge.data.builders.gpt_sft")
+    assert "tokenizer" not in {field.name for field in __import__("dataclasses").fields(builders.GPTSFTDatasetConfig)}
+
+
+@pytest.fixture
+def bridge_state(tmp_path, megatron_cpu):
+    """Bridge's ``GlobalState`` and the model after the steps of ``setup()`` that concern tokenizer and data."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.providers import NoisyGPTModelProvider
+    from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
+    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+
+    tokenizer_dir = write_chat_tokenizer(tmp_path / "tokenizer")
+    provider = NoisyGPTModelProvider(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        vocab_size=VOCAB_SIZE,
+        make_vocab_size_divisible_by=128,
+        noise=NoiseConfig(alpha=5.0),
+        **local_spec_settings(),
+    )
+    config = instruction_finetuning_config(
+        provider,
+        str(tokenizer_dir),
+        run_dir=str(tmp_path / "run"),
+        train_iters=4,
+        seq_length=SEQ_LENGTH,
+        lr=1e-4,
+        packed_sequence_size=None,
+        global_batch_size=4,
+        micro_batch_size=4,
+    )
+    provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
+    config.optimizer.bf16 = False
+    state = import_bridge("megatron.bridge.training.state").GlobalState()
+    state.cfg = config
+    # Bridge's setup(): the tokenizer from config.tokenizer, given to config.dataset only if it has the field
+    tokenizer = import_bridge("megatron.bridge.training.tokenizers.tokenizer").build_tokenizer(config.tokenizer)
+    if hasattr(config.dataset, "tokenizer"):
+        config.dataset.tokenizer = tokenizer
+    config.dataset.finalize()
+    provider.finalize()
+    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+    model = provider.provide_distributed_model(
+        use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=None
+    )
+    # ... then the datasets, through Bridge's provider bound to that tokenizer (this prepares the index files)
+    dataset_provider = import_bridge("megatron.bridge.data.utils").get_dataset_provider(config.dataset)
+    train, valid, _ = dataset_provider([16, 8, 0], config.dataset, tokenizer=tokenizer)
+    assert len(train) > 0 and len(valid) > 0
+    return state, model
+
+
+def _context(state, model, user_state):
+    callbacks = import_bridge("megatron.bridge.training.callbacks")
+    return callbacks.CallbackContext(state=state, model=model, user_state=user_state)
+
+
+def test_task_report_scores_every_held_out_split_from_bridges_datasets(bridge_state, tmp_path):
+    from nemo_noise_plugin.artifacts import RunReport
+    from nemo_noise_plugin.evaluation import TaskReport
+
+    state, model = bridge_state
+    assert not hasattr(state.cfg.dataset, "tokenizer")  # as Bridge leaves a finetuning dataset config
+    report = RunReport(tmp_path / "reports")
+    task = TaskReport(report, export=False)
+    user_state: dict = {}
+    task.on_train_start(_context(state, model, user_state))
+    task.on_train_end(_context(state, model, user_state))
+    report.finish()
+    written = json.loads((report.folder / "task_report.json").read_text())
+    size = state.cfg.train.micro_batch_size
+    for moment in ("before", "after"):
+        splits = written[moment]["splits"]
+        assert set(splits) >= {"validation"}
+        for split, result in splits.items():
+            examples = instruction_examples(split)
+            assert 0.0 <= result["exact_match"] <= 1.0
+            # every task of the split is scored (the whole batches cover them all in the shipped files)
+            scored = len(examples) // size * size
+            assert set(result["per_task"]) == {e["task"] for e in examples[:scored]}
+        assert written[moment]["exact_match"] == splits["validation"]["exact_match"]
+    assert not hasattr(state.cfg.dataset, "tokenizer")  # the callbacks did not patch the config either
+
+
+def test_robustness_report_measures_bridges_validation_batches(bridge_state, tmp_path):
+    from nemo_noise_plugin.artifacts import RunReport
+    from nemo_noise_plugin.robustness import REPORT_MULTIPLES, RobustnessReport
+
+    state, model = bridge_state
+    robustness = RobustnessReport(state.cfg.model.noise, RunReport(tmp_path / "reports"), "bridge state")
+    user_state: dict = {}
+    robustness.on_train_start(_context(state, model, user_state))
+    robustness.on_train_end(_context(state, model, user_state))
+    written = json.loads((robustness.folder / "robustness.json").read_text())
+    assert [len(written[name]) for name in ("before", "after")] == [len(REPORT_MULTIPLES)] * 2
+    assert written["after"][0]["kl"] == pytest.approx(0.0, abs=1e-6)  # level 0 is the clean model itself
+    assert all(point["kl"] > 0 for point in written["after"][1:])
+    # the held-out batches are the answer tokens of Bridge's validation split (loss on the answers only)
+    masks = [batch["loss_mask"] for batch in robustness.batches]
+    assert all(0 < mask.sum() < mask.numel() for mask in masks)
