@@ -30,6 +30,7 @@ __all__ = [
     "export_hf",
     "greedy_decode",
     "hf_generate",
+    "hf_logit_agreement",
 ]
 
 
@@ -88,7 +89,7 @@ def export_hf(model: nn.Module, hf_source: str, output_dir: str) -> str:
     return output_dir
 
 
-def hf_generate(folder: str, questions: Sequence[list[dict[str, str]]], max_new_tokens: int = 16) -> list[str]:
+def hf_generate(folder: str, questions: Sequence[list[dict[str, str]]], max_new_tokens: int = 64) -> list[str]:
     """Reload an HF folder with transformers and answer each chat (greedy), returning the decoded replies."""
     import transformers
 
@@ -121,6 +122,40 @@ def task_batches(state: Any, device: Any) -> dict[str, list[dict[str, Any]]]:
     mask = causal_attention_mask(state.cfg.model.seq_length) if torch.device(device).type == "cpu" else None
     found = dict(zip(TASK_REPORT_SPLITS, (valid, test), strict=True))
     return {split: collate(data, len(data) // size, size, mask, device) for split, data in found.items() if data}
+
+
+def hf_logit_agreement(model: nn.Module, folder: str, batches: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """How closely the HF folder, reloaded with transformers, reproduces ``model``'s logits on ``batches``.
+
+    The HF model runs in the dtype of ``model``'s parameters (bf16 on a GPU: both sides then round alike) on the same
+    device; compared at every position of every row (both causal, so right padding changes no earlier position).
+    Returns the largest and the mean absolute logit difference and the fraction of positions whose argmax agrees.
+    """
+    import transformers
+
+    parameter = next(model.parameters())
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=parameter.dtype)
+    hf_model = hf_model.to(parameter.device).eval()
+    largest = total = agree = count = 0.0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for batch in batches:
+            ours = model(batch["tokens"], batch["position_ids"], batch["attention_mask"]).float()
+            theirs = hf_model(input_ids=batch["tokens"]).logits.float()
+            difference = (ours - theirs).abs()
+            largest = max(largest, float(difference.max()))
+            total += float(difference.mean(-1).sum())
+            agree += float((ours.argmax(-1) == theirs.argmax(-1)).sum())
+            count += ours.shape[0] * ours.shape[1]
+    model.train(was_training)
+    del hf_model
+    return {
+        "max_abs_logit_difference": largest,
+        "mean_abs_logit_difference": total / count,
+        "argmax_agreement": agree / count,
+        "dtype": str(parameter.dtype).removeprefix("torch."),
+    }
 
 
 _BEFORE_KEY = "task_report_before"
@@ -215,10 +250,17 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
         questions = [[m for m in example["messages"] if m["role"] != "assistant"] for example in examples]
         replies = hf_generate(str(written), questions)
         self.results["exported"] = str(self.report.path("hf"))
+        compared = next(iter(self.batches.values()))[:2]
+        agreement = self.results["export_logits"] = hf_logit_agreement(model, str(written), compared)
         self.results["transformers_replies"] = [
             {"question": q[-1]["content"], "reply": r, "answer": e["messages"][-1]["content"]}
             for q, r, e in zip(questions, replies, examples, strict=True)
         ]
-        print(f"exported to {self.report.path('hf')}; transformers, reloaded, answers:")
+        print(
+            f"exported to {self.report.path('hf')}; reloaded in transformers ({agreement['dtype']}), logits against "
+            f"Megatron's: max |difference| {agreement['max_abs_logit_difference']:.3g}, mean "
+            f"{agreement['mean_abs_logit_difference']:.3g}, argmax agreement {agreement['argmax_agreement']:.4f}; "
+            "its answers:"
+        )
         for item in self.results["transformers_replies"]:
             print(f"  {item['question']} -> {item['reply']!r} (reference {item['answer']!r})")

@@ -7,6 +7,7 @@ hid the crash. Here a tiny GPT with a tiny chat tokenizer stands in for SmolLM2;
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 
@@ -15,9 +16,7 @@ import torch
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.instructions import instruction_examples
-from tests.support.chat_tokenizer import VOCAB_SIZE, write_chat_tokenizer
-
-SEQ_LENGTH = 128
+from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 
 def test_bridge_setup_gives_the_tokenizer_only_to_dataset_configs_that_declare_one():
@@ -26,7 +25,7 @@ def test_bridge_setup_gives_the_tokenizer_only_to_dataset_configs_that_declare_o
     assert "tokenizer = build_tokenizer(cfg.tokenizer)" in source
     assert 'if hasattr(cfg.dataset, "tokenizer"):\n        cfg.dataset.tokenizer = tokenizer' in source
     builders = import_bridge("megatron.bridge.data.builders.gpt_sft")
-    assert "tokenizer" not in {field.name for field in __import__("dataclasses").fields(builders.GPTSFTDatasetConfig)}
+    assert "tokenizer" not in {field.name for field in dataclasses.fields(builders.GPTSFTDatasetConfig)}
 
 
 @pytest.fixture
@@ -34,32 +33,9 @@ def bridge_state(tmp_path, megatron_cpu):
     """Bridge's ``GlobalState`` and the model after the steps of ``setup()`` that concern tokenizer and data."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.providers import NoisyGPTModelProvider
-    from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
-
     tokenizer_dir = write_chat_tokenizer(tmp_path / "tokenizer")
-    provider = NoisyGPTModelProvider(
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        vocab_size=VOCAB_SIZE,
-        make_vocab_size_divisible_by=128,
-        noise=NoiseConfig(alpha=5.0),
-        **local_spec_settings(),
-    )
-    config = instruction_finetuning_config(
-        provider,
-        str(tokenizer_dir),
-        run_dir=str(tmp_path / "run"),
-        train_iters=4,
-        seq_length=SEQ_LENGTH,
-        lr=1e-4,
-        packed_sequence_size=None,
-        global_batch_size=4,
-        micro_batch_size=4,
-    )
+    config = tiny_chat_sft_config(tmp_path / "run", tokenizer_dir, lr=1e-4)
+    provider = config.model
     provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
     config.optimizer.bf16 = False
     state = import_bridge("megatron.bridge.training.state").GlobalState()

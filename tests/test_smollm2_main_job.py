@@ -32,8 +32,12 @@ def test_the_main_job_trains_exports_and_reports_the_real_model(smollm2_hf_dir, 
     assert {"robustness.json", "robustness.png", "task_report.json", "task_report.png", "hf"} <= set(os.listdir(folder))
     assert (folder / "hf" / "config.json").is_file() and list((folder / "hf").glob("*.safetensors"))
     task = json.loads((folder / "task_report.json").read_text())
-    assert set(task["before"]) == set(task["after"]) == {"exact_match", "per_task"}
+    assert set(task["before"]) == set(task["after"]) == {"exact_match", "per_task", "splits"}
+    assert set(task["after"]["splits"]) == {"validation", "test"}
     assert 0.0 <= task["after"]["exact_match"] <= 1.0
+    exported = task["export_logits"]  # the reloaded HF model against Megatron's logits, both float32 on the CPU
+    assert exported["dtype"] == "float32" and exported["argmax_agreement"] >= 0.999, exported
+    assert exported["max_abs_logit_difference"] < 1e-3, exported
     assert task["exported"] == str(tmp_path / "smollm2_135m_noise_sft" / "reports" / os.readlink(folder) / "hf")
     assert len(task["transformers_replies"]) == 4
     assert all(isinstance(item["reply"], str) for item in task["transformers_replies"])

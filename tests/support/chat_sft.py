@@ -1,9 +1,10 @@
-"""A tiny Hugging Face chat tokenizer for CPU tests of the instruction (SFT) path, made in a second.
+"""A tiny instruction (SFT) run for tests: a tiny chat tokenizer (made in a second) and a tiny GPT recipe around it.
 
-A byte-level BPE trained on the shipped instruction set, with SmolLM2's special tokens (``<|endoftext|>`` 0,
-``<|im_start|>`` 1, ``<|im_end|>`` 2 as EOS and PAD) and a ChatML chat template, saved as an ordinary HF folder
-that Bridge's ``HuggingFaceTokenizer`` and its finetuning data pipeline (chat template, answer-only loss mask) read
-as they read SmolLM2's. Tests use it with a tiny GPT instead of the 135M model.
+``write_chat_tokenizer``: a byte-level BPE trained on the shipped instruction set, with SmolLM2's special tokens
+(``<|endoftext|>`` 0, ``<|im_start|>`` 1, ``<|im_end|>`` 2 as EOS and PAD) and a ChatML chat template, saved as an
+ordinary HF folder that Bridge's ``HuggingFaceTokenizer`` and its finetuning data pipeline (chat template,
+answer-only loss mask) read as they read SmolLM2's. ``tiny_chat_sft_config``: the SmolLM2 recipes' config
+(``instruction_finetuning_config``) with a 2-layer GPT instead of the 135M model.
 """
 
 from __future__ import annotations
@@ -49,3 +50,28 @@ def write_chat_tokenizer(folder: str | Path) -> Path:
     folder = Path(folder)
     fast.save_pretrained(folder)
     return folder
+
+
+def tiny_chat_sft_config(run_dir: str | Path, tokenizer_dir: str | Path, *, train_iters: int = 4, **settings):
+    """The instruction recipe's ``ConfigContainer`` around a 2-layer NEFTune GPT (alpha 5) and the tiny tokenizer."""
+    from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.providers import NoisyGPTModelProvider
+    from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
+    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+
+    provider = NoisyGPTModelProvider(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        vocab_size=VOCAB_SIZE,
+        make_vocab_size_divisible_by=128,
+        noise=NoiseConfig(alpha=5.0),
+        **local_spec_settings(),
+    )
+    options = {
+        **dict(seq_length=128, lr=1e-3, packed_sequence_size=None, global_batch_size=4, micro_batch_size=4),
+        **settings,
+    }
+    return instruction_finetuning_config(
+        provider, str(tokenizer_dir), run_dir=str(run_dir), train_iters=train_iters, **options
+    )
