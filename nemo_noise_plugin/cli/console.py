@@ -3,7 +3,9 @@
 Megatron-Core, Megatron-Bridge, torch and NeMo-Run print a few dozen warnings and log records on a machine without
 Transformer Engine or Apex (fallback notices, deprecations, an import traceback logged twice). The command entry
 points call ``quiet_third_party()`` before they import those libraries; ``--verbose`` shows everything. The library
-itself never filters warnings or logs.
+itself never filters warnings or logs. Bridge's own console output during training (its configuration summary and a
+line per step) goes to the run folder's ``bridge.log`` (``training.bridge_console``), and with ``--verbose`` to the
+console too.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import re
 import sys
 import warnings
 from pathlib import Path
+
+from nemo_noise_plugin.training.bridge_console import log_bridge_output
 
 __all__ = [
     "INFO_ONLY_LOGGERS",
@@ -95,9 +99,15 @@ def quiet_for_nemo_command() -> None:
     the plugin's entry-point modules are loaded (before they import Megatron).
 
     The ``nemo`` program is quiet unless given ``--verbose``/``-v``; a task's process (NeMo-Run's ``fdl_runner``) is
-    quiet unless ``VERBOSE_ENV`` is ``1`` (``nemo ... -v`` sets it for the task). Other programs are left alone.
+    quiet unless ``VERBOSE_ENV`` is ``1`` (``nemo ... -v`` sets it for the task). Both send Bridge's console output
+    to the run folder's ``bridge.log`` (``training.bridge_console.log_bridge_output``; verbose: to the console too).
+    Other programs are left alone.
     """
     if running_the_nemo_command():
-        quiet_third_party("--verbose" in sys.argv or "-v" in sys.argv)
+        verbose = "--verbose" in sys.argv or "-v" in sys.argv
     elif Path(sys.argv[0]).name in TASK_RUNNERS:
-        quiet_third_party(os.environ.get(VERBOSE_ENV) == "1")
+        verbose = os.environ.get(VERBOSE_ENV) == "1"
+    else:
+        return
+    quiet_third_party(verbose)
+    log_bridge_output(verbose)

@@ -4,7 +4,8 @@
     python -m nemo_noise_plugin.cli.finetune -f tiny_noise_sft --config-file recipes/tiny_neftune.yaml --to-yaml -
     torchrun --nproc-per-node 8 -m nemo_noise_plugin.cli.finetune --factory llama31_8b_noise_sft train.train_iters=100
 
-A thin parser over ``training.finetune.run_finetune``.
+A thin parser over ``training.finetune.run_finetune``. Bridge's own output (its configuration summary, its line per
+step) goes to ``bridge.log`` in the run folder (``bridge.rank<N>.log`` for rank N), and with ``-v`` here too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.cli.gpu_free import hide_gpus
 from nemo_noise_plugin.recipes import RECIPES
+from nemo_noise_plugin.training.bridge_console import bridge_log
 from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune
 from nemo_noise_plugin.training.launch import GPUUnavailableError
 
@@ -44,7 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--yes", "-y", action="store_true", help="accepted for symmetry with `nemo`; this command never asks"
     )
-    parser.add_argument("--verbose", "-v", action="store_true", help="show third-party warnings and INFO logs")
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also show third-party warnings, INFO logs and Bridge's output (always in <run dir>/bridge.log)",
+    )
     return parser
 
 
@@ -56,9 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         hide_gpus()
     quiet_third_party(args.verbose)
     try:
-        run_finetune(
-            args.factory, args.overrides, config_file=args.config_file, dryrun=args.dryrun, to_yaml=args.to_yaml
-        )
+        with bridge_log(args.verbose):  # Bridge's own output in the run folder's bridge.log (and here with -v)
+            run_finetune(
+                args.factory, args.overrides, config_file=args.config_file, dryrun=args.dryrun, to_yaml=args.to_yaml
+            )
     except FinetuneError as error:
         parser.error(str(error))
     except GPUUnavailableError as error:

@@ -2,7 +2,9 @@
 
 A recipe on the embedded corpus (``tiny_noise_sft`` by default) trained with the plugin's forward step: Bridge's
 training loop on a GPU, the CPU loop without one (which says so), a progress line per step, then a robustness
-report of the model before and after training (``training.launch.launch_with_report``).
+report of the model before and after training (``training.launch.launch_with_report``). On a GPU, Bridge's own
+output (its configuration summary, its line per step) goes to ``<output dir>/<recipe>/bridge.log``; ``-v`` shows
+it here too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from nemo_noise_plugin.artifacts import ArtifactWriteError, check_output_dir
 from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS, MECHANISMS, SCALINGS, NoiseConfig, load_noise_config
 from nemo_noise_plugin.recipes import RECIPES
+from nemo_noise_plugin.training.bridge_console import bridge_log, run_folder
 
 __all__ = ["build_noise_config", "main", "parse_args"]
 
@@ -68,7 +71,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--scaling", choices=SCALINGS, help="overrides the config (default true_length)")
     parser.add_argument("--lr", type=float, help="peak learning rate (1e-3 for tiny recipes, else the recipe's)")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--verbose", "-v", action="store_true", help="show third-party warnings and INFO logs")
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="also show third-party warnings, INFO logs and Bridge's output (always in <run dir>/bridge.log)",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps={args.steps} is invalid: expected an integer >= 1.")
@@ -129,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return _run(args, noise)
+        with bridge_log(args.verbose), run_folder(run_dir):  # Bridge's own output: <run dir>/bridge.log
+            return _run(args, noise)
     except KeyboardInterrupt as interrupt:
         how = "terminated" if isinstance(interrupt, Interrupted) else "interrupted"
         print(

@@ -164,7 +164,8 @@ def run_finetune(
         confirm: asked after the description, before a real run; False stops (NeMo-Run's ``Continue?``).
         print_fn: where the description goes (rank 0 only under torchrun).
         run_dir: a NeMo-Run job directory (set by ``training.executors``): a real run writes the resolved
-            ``config.yaml`` there (rank 0) and, for recipes on the embedded corpus, the robustness report.
+            ``config.yaml`` there (rank 0), the commands' Bridge log (``bridge.log``, ``training.bridge_console``) and,
+            for recipes on the embedded corpus, the robustness report. Default: the parent of ``checkpoint.save``.
 
     Returns the resolved ConfigContainer. A real run checks for a GPU before it builds anything.
     """
@@ -199,19 +200,22 @@ def run_finetune(
         os.makedirs(run_dir, exist_ok=True)
         config.to_yaml(os.path.join(run_dir, "config.yaml"))
         print_fn(f"Resolved config written to {os.path.join(run_dir, 'config.yaml')}")
+    from nemo_noise_plugin.training.bridge_console import run_folder
     from nemo_noise_plugin.training.launch import launch, launch_with_report
     from nemo_noise_plugin.training.progress import ProgressLine
 
-    if embedded_corpus:  # Bridge's loop on a GPU, else the CPU loop; the robustness report (no side runs here:
-        # the control and the clean pre-training are the main job's, ``nemo llm finetune`` trains what it is given)
-        launch_with_report(config, output_dir=run_dir or _report_dir(config), label=f"factory {factory}", control=False)
-    else:
-        launch(config, callbacks=[ProgressLine()])
+    folder = run_dir or _report_dir(config)
+    with run_folder(folder):  # where the commands' Bridge log goes (training.bridge_console)
+        if embedded_corpus:  # Bridge's loop on a GPU, else the CPU loop; the robustness report (no side runs here:
+            # the control and the clean pre-training are the main job's, ``nemo llm finetune`` trains what it is given)
+            launch_with_report(config, output_dir=folder, label=f"factory {factory}", control=False)
+        else:
+            launch(config, callbacks=[ProgressLine()])
     return config
 
 
 def _report_dir(config: Any) -> str:
-    """Where a tiny recipe's robustness report goes: its run directory (the parent of its checkpoints)."""
+    """The run directory without a job directory: the parent of the checkpoints (a tiny recipe's report, the log)."""
     if config.checkpoint.save:
         return os.path.dirname(os.path.abspath(config.checkpoint.save))
     return os.path.abspath("outputs")

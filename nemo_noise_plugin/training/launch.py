@@ -91,6 +91,8 @@ def launch(
     loop (``training.cpu_loop``) when ``allow_cpu_loop``, else ``GPUUnavailableError`` before anything else happens.
     ``forward_step`` defaults to ``forward_step_for(config)``. The plugin's settings are validated again first
     (``validate_plugin_settings``: whatever set them), and ``FiniteLossGuard`` stops a run whose loss is not finite.
+    Under the plugin's commands Bridge's console output goes to the run folder's ``bridge.log``
+    (``training.bridge_console.bridge_output``), the callbacks' lines to the console.
     """
     from nemo_noise_plugin.training.overrides import apply_overrides, validate_plugin_settings
     from nemo_noise_plugin.training.progress import FiniteLossGuard
@@ -107,8 +109,11 @@ def launch(
 
         run_cpu_loop(config, step, callbacks)
         return
+    from nemo_noise_plugin.training.bridge_console import bridge_output, on_console
+
     use_prebuilt_dataset_helpers()
-    training_entry_for(config)(config, step, callbacks=callbacks)
+    with bridge_output(config):  # the plugin's commands: Bridge's console output to the run folder's bridge.log
+        training_entry_for(config)(config, step, callbacks=on_console(callbacks))
 
 
 def launch_with_report(

@@ -1,4 +1,8 @@
-"""The main job on a GPU: the tiny recipe through Bridge's real training loop, checkpoint, resume, report."""
+"""The main job on a GPU: the tiny recipe through Bridge's real training loop, checkpoint, resume, report.
+
+Bridge's own output (its configuration summary, its ``iteration N/ M | ... lm loss`` lines) is in the run folder's
+``bridge.log``, not on the console (``training.bridge_console``); the tests read Bridge's lines from there.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +26,20 @@ def _run(module: str, *args: str) -> subprocess.CompletedProcess:
     return result
 
 
+def _console(*args: str) -> list[str]:
+    """The main job's console as a terminal shows it (standard error merged into standard output), line by line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nemo_noise_plugin", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-6000:]
+    print(result.stdout)
+    return result.stdout.splitlines()
+
+
 def _losses_by_step(stdout: str) -> dict[int, float]:
     """Step -> training loss from the main job's progress lines (``step/total  loss  kd  tokens/s``)."""
     lines = PROGRESS_LINE.findall(stdout)
@@ -41,9 +59,12 @@ def test_tiny_recipe_trains_saves_resumes_with_the_same_noise_and_reports(tmp_pa
     assert first_losses[20] < first_losses[1] - 0.5, first_losses
     checkpoints = interrupted / "tiny_noise_sft" / "checkpoints"
     assert (checkpoints / "iter_0000020").is_dir()
+    bridge_log = interrupted / "tiny_noise_sft" / "bridge.log"
+    first_log = bridge_log.read_text()
 
     resumed = _run(*common, "--output-dir", str(interrupted))  # resumes at 20
-    assert re.search(r"iteration\s+21/\s+30", resumed.stdout), "Bridge did not resume at iteration 21"
+    resumed_log = bridge_log.read_text()[len(first_log) :]  # the resumed run's part (each run appends)
+    assert re.search(r"iteration\s+21/\s+30", resumed_log), "Bridge did not resume at iteration 21"
     assert (checkpoints / "iter_0000030").is_dir()
     resumed_losses = _losses_by_step(resumed.stdout)
     assert sorted(resumed_losses) == list(range(21, 31))
@@ -72,9 +93,13 @@ def test_finetune_command_runs_distillation_through_bridge(tmp_path):
         f"checkpoint.save={tmp_path}/checkpoints",
         "model.noise.alpha=5",
     )
-    lm = [float(v) for v in re.findall(r"iteration\s+\d+/\s+12 \|.*?lm loss: ([0-9.E+-]+)", result.stdout)]
-    kd = [float(v) for v in re.findall(r"iteration\s+\d+/\s+12 \|.*?kd loss: ([0-9.E+-]+)", result.stdout)]
-    assert len(lm) == 12 and len(kd) == 12, result.stdout[-3000:]
+    bridge_log = tmp_path / "bridge.log"  # the run folder: the parent of checkpoint.save
+    assert f"Bridge's log (its configuration and per-step lines): {bridge_log};" in result.stdout
+    log = bridge_log.read_text()
+    lm = [float(v) for v in re.findall(r"iteration\s+\d+/\s+12 \|.*?lm loss: ([0-9.E+-]+)", log)]
+    kd = [float(v) for v in re.findall(r"iteration\s+\d+/\s+12 \|.*?kd loss: ([0-9.E+-]+)", log)]
+    assert len(lm) == 12 and len(kd) == 12, log[-3000:]
+    assert len(_losses_by_step(result.stdout)) == 12  # the plugin's progress lines, on the console
     assert lm[-1] < lm[0] - 1.0 and all(value >= 0 for value in kd)
     assert (tmp_path / "checkpoints" / "iter_0000012").is_dir()
 
@@ -105,3 +130,40 @@ def test_distillation_after_clean_pretraining_resumes_with_its_teacher(tmp_path)
     for step in range(11, 21):  # up to the GPU's non-deterministic reductions
         assert abs(after[step][0] - reference[step][0]) < 2e-2, (step, after[step], reference[step])
         assert abs(after[step][1] - reference[step][1]) < 2e-2, (step, after[step], reference[step])
+
+
+BRIDGE_STEP_LINE = re.compile(r"iteration\s+\d+/\s+10 \|.*lm loss: ")
+CONFIGURATION_SUMMARY = "Configuration Summary (Non-Default Values vs Megatron Core)"
+
+
+def test_the_main_job_console_is_short_and_bridges_output_is_in_the_run_folders_log(tmp_path):
+    """10 steps with the control run: the header, one line per step, the report; Bridge's ~230-line configuration
+    summary and its own step lines are in ``<run dir>/bridge.log``, which the console names in one line."""
+    console = _console("--steps", "10", "--output-dir", str(tmp_path))
+    bridge_log = tmp_path / "tiny_noise_sft" / "bridge.log"
+    text = "\n".join(console)
+    assert len(console) < 60, f"{len(console)} lines"
+    first_progress = next(i for i, line in enumerate(console) if PROGRESS_LINE.match(line))
+    assert first_progress < 20, f"first progress line is line {first_progress + 1}"
+    assert len(PROGRESS_LINE.findall(text)) == 20  # the control's 10 steps, then the noisy run's
+    assert [line for line in console if line.startswith("Bridge's log")] == [
+        f"Bridge's log (its configuration and per-step lines): {bridge_log}; -v shows it here too"
+    ]
+    assert CONFIGURATION_SUMMARY not in text and not BRIDGE_STEP_LINE.search(text)
+    assert "Traceback" not in text
+    log = bridge_log.read_text()
+    assert log.count(CONFIGURATION_SUMMARY) == 2  # one per call into Bridge: the control, the noisy run
+    assert len(log.splitlines()) > 200
+    assert len(BRIDGE_STEP_LINE.findall(log)) == 20
+
+
+def test_verbose_main_job_shows_bridges_output_and_still_logs_it(tmp_path):
+    console = _console("--steps", "3", "--no-control", "-v", "--output-dir", str(tmp_path))
+    text = "\n".join(console)
+    bridge_log = tmp_path / "tiny_noise_sft" / "bridge.log"
+    assert f"Bridge's log (its configuration and per-step lines): {bridge_log}; also shown here (-v)" in console
+    step_line = re.compile(r"iteration\s+\d+/\s+3 \|.*lm loss: ")
+    assert CONFIGURATION_SUMMARY in text and len(step_line.findall(text)) == 3
+    assert len(PROGRESS_LINE.findall(text)) == 3
+    log = bridge_log.read_text()
+    assert CONFIGURATION_SUMMARY in log and len(step_line.findall(log)) == 3
