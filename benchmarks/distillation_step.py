@@ -127,9 +127,14 @@ def _config(model):
 
 
 class BridgeRun:
-    """One mode set up in this process by Bridge's ``setup``; ``steps(n)`` re-enters Bridge's ``train`` for n steps."""
+    """One mode set up in this process by Bridge's ``setup``; ``steps(n)`` re-enters Bridge's ``train`` for n steps.
 
-    def __init__(self, mode: str, total_steps: int) -> None:
+    ``model_and_step(mode)`` -> (provider, forward step) and ``config_for(provider)`` -> ``ConfigContainer`` build the
+    mode (default: this benchmark's GPT on mock data); ``losses`` holds every step's ``lm loss``, so a caller can
+    check that a mode trains before its speed is compared.
+    """
+
+    def __init__(self, mode: str, total_steps: int, model_and_step=None, config_for=None) -> None:
         import torch
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
         from megatron.core.rerun_state_machine import destroy_rerun_state_machine
@@ -143,7 +148,8 @@ class BridgeRun:
         state_module = import_bridge("megatron.bridge.training.state")
         self._train = import_bridge("megatron.bridge.training.train").train
         times: list[float] = []
-        self.times = times
+        losses: list[float] = []
+        self.times, self.losses = times, losses
 
         class StepTimer(callbacks.Callback):
             def on_train_step_start(self, context) -> None:
@@ -153,13 +159,15 @@ class BridgeRun:
             def on_train_step_end(self, context) -> None:
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - self.started)
+                if context.loss_dict and "lm loss" in context.loss_dict:
+                    losses.append(float(context.loss_dict["lm loss"]))
 
         # Bridge's setup initialises these process-wide singletons and refuses to do it twice; every mode has the
         # same batch sizes and rerun settings, so each setup may replace the previous mode's.
         destroy_num_microbatches_calculator()
         destroy_rerun_state_machine()
-        model, self.forward_step = _model_and_step(mode)
-        config = _config(model)
+        model, self.forward_step = (model_and_step or _model_and_step)(mode)
+        config = (config_for or _config)(model)
         config.train.train_iters = total_steps  # sizes the mock dataset; each steps() call moves the stop
         config_module.runtime_config_update(config)
         self.state = state_module.GlobalState()
