@@ -41,6 +41,16 @@ KNOWN_WARNINGS: tuple[str, ...] = (
     "`torch.jit.script` is deprecated",
     "`build_tokenizer` is deprecated",
     "Could not determine local rank from LOCAL_RANK",
+    # seen on an H200 image (torch 2.11, transformers 5.17) in every single-GPU run through Bridge's loop:
+    "Could not determine rank from torch.distributed",
+    "Could not determine world size from torch.distributed",
+    "Could not determine master address from MASTER_ADDR",
+    "Could not determine master port from MASTER_PORT",
+    "is experimental. APIs in this module are subject to change",
+    "barrier(): using the device under current context",
+    "The AccumulateGrad node's stream does not match",
+    "is not tested with current version of modelopt",
+    "invalid escape sequence",
 )
 """Warnings that every run without Transformer Engine or Apex shows and that need no action (message prefixes)."""
 
@@ -61,7 +71,7 @@ VERBOSE_ENV = "NEMO_NOISE_VERBOSE"
 TASK_RUNNERS: tuple[str, ...] = ("fdl_runner.py",)
 """Programs that run a NeMo-Run task (``python -m nemo_run.core.runners.fdl_runner``) as ``sys.argv[0]`` names them."""
 
-INFO_ONLY_LOGGERS: tuple[str, ...] = ("megatron", "nemo_run")
+INFO_ONLY_LOGGERS: tuple[str, ...] = ("megatron", "nemo_run", "datasets")
 """Loggers whose INFO records (set-up details, Bridge's config dumps) are hidden; their warnings still show."""
 
 

