@@ -174,9 +174,11 @@ def write_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, repo
 
 def held_out_batches(state: Any, count: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
     """``count`` micro-batches of the run's validation split (Bridge's ``GlobalState``: ``context.state``), from the
-    datasets as Bridge's loop has them (``recipe_datasets``); an explicit causal mask on the CPU."""
+    datasets as Bridge's loop has them (``recipe_datasets``), one example per row also when the run packs its
+    finetuning data (the model is evaluated without packed-sequence parameters); an explicit causal mask on the CPU.
+    """
     config = state.cfg
-    _, valid, _ = recipe_datasets(state, 0, count * config.train.micro_batch_size)
+    _, valid, _ = recipe_datasets(state, 0, count * config.train.micro_batch_size, unpacked=True)
     mask = causal_attention_mask(config.model.seq_length) if device.type == "cpu" else None
     return collate(valid, count, config.train.micro_batch_size, mask, device)
 

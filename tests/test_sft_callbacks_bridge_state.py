@@ -28,13 +28,14 @@ def test_bridge_setup_gives_the_tokenizer_only_to_dataset_configs_that_declare_o
     assert "tokenizer" not in {field.name for field in dataclasses.fields(builders.GPTSFTDatasetConfig)}
 
 
-@pytest.fixture
-def bridge_state(tmp_path, megatron_cpu):
-    """Bridge's ``GlobalState`` and the model after the steps of ``setup()`` that concern tokenizer and data."""
+@pytest.fixture(params=[None, 256], ids=["unpacked", "packed"])
+def bridge_state(request, tmp_path, megatron_cpu):
+    """Bridge's ``GlobalState`` and the model after the steps of ``setup()`` that concern tokenizer and data, with
+    Bridge's offline packing off and on (the reports then read one example per row all the same)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     tokenizer_dir = write_chat_tokenizer(tmp_path / "tokenizer")
-    config = tiny_chat_sft_config(tmp_path / "run", tokenizer_dir, lr=1e-4)
+    config = tiny_chat_sft_config(tmp_path / "run", tokenizer_dir, lr=1e-4, packed_sequence_size=request.param)
     provider = config.model
     provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
     config.optimizer.bf16 = False
@@ -102,6 +103,8 @@ def test_robustness_report_measures_bridges_validation_batches(bridge_state, tmp
     assert [len(written[name]) for name in ("before", "after")] == [len(REPORT_MULTIPLES)] * 2
     assert written["after"][0]["kl"] == pytest.approx(0.0, abs=1e-6)  # level 0 is the clean model itself
     assert all(point["kl"] > 0 for point in written["after"][1:])
-    # the held-out batches are the answer tokens of Bridge's validation split (loss on the answers only)
+    # the held-out batches are Bridge's validation examples, one per row (packed or not), loss on the answers only
     masks = [batch["loss_mask"] for batch in robustness.batches]
     assert all(0 < mask.sum() < mask.numel() for mask in masks)
+    assert all("cu_seqlens" not in batch for batch in robustness.batches)
+    assert all(batch["tokens"].shape[0] == state.cfg.train.micro_batch_size for batch in robustness.batches)
