@@ -1,12 +1,15 @@
 """The task metric of the instruction recipes, and the trained model exported to Hugging Face and generated from.
 
-Exact match on the held-out split with greedy decoding: an answer counts when greedy decoding from the prompt
+Exact match on the held-out splits (``TASK_REPORT_SPLITS``: validation and test, overall and per task) with greedy
+decoding: an answer counts when greedy decoding from the prompt
 reproduces the reference answer's tokens and then stops (the end-of-turn token). Greedy decoding yields exactly
 that sequence iff, fed the reference, the model's argmax at every answer position is the next reference token, so
 one teacher-forced forward pass per batch computes it exactly (``greedy_decode`` is the plain loop, which the tests
-check it against). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training, then the
-model exported with Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers and asked the first
-held-out questions; written as ``task_report.{json,png}`` and ``hf/`` into the run's report folder.
+check it against). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training (on the
+datasets and tokenizer as Bridge's loop has them: ``batches.recipe_datasets``), then the model exported with
+Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers, checked against Megatron's logits
+(``hf_logit_agreement``) and asked the first held-out questions; written as ``task_report.{json,png}`` and ``hf/``
+into the run's report folder.
 """
 
 from __future__ import annotations
@@ -189,10 +192,14 @@ def _plot(results: dict[str, Any], path: str) -> bool:
 class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
     """Bridge callback for the instruction recipes: held-out exact match before and after training, and the export.
 
+    ``task_report.json`` holds, for ``before`` and ``after``, ``splits`` (per split: ``exact_match`` and
+    ``per_task``) and the validation split's two numbers at the top level; ``export_logits`` (the reloaded HF
+    model against Megatron's logits) and ``transformers_replies`` with the export.
+
     At the end (rank 0) it exports the model into ``report`` (a ``RunReport``, shared with the ``RobustnessReport``
-    that finishes it: list this callback before that one) as ``hf/`` (``export=True``), reloads it with transformers,
-    answers the first ``samples`` held-out questions, and writes ``task_report.{json,png}`` there; the run's report
-    folder then appears with all its files at once. The 'before' measurement is kept in the callbacks'
+    that finishes it: list this callback before that one) as ``hf/`` (``export=True``), reloads it with
+    transformers, answers the first ``samples`` held-out questions, and writes ``task_report.{json,png}`` there;
+    the run's report folder then appears with all its files at once. The 'before' measurement is kept in the callbacks'
     ``user_state``, so a run resumed from a CPU-loop checkpoint reports the one of iteration 0.
     """
 
