@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 
 import pytest
 import torch
@@ -56,6 +57,17 @@ def bridge_state(request, tmp_path, megatron_cpu):
     train, valid, _ = dataset_provider([16, 8, 0], config.dataset, tokenizer=tokenizer)
     assert len(train) > 0 and len(valid) > 0
     return state, model
+
+
+@pytest.fixture(autouse=True)
+def clean_attention_settings():
+    """Megatron pins the attention backend process-wide (``NVTE_*`` variables) when it builds a model and refuses a
+    model whose backend disagrees: build these from a clean slate and give the other tests their variables back."""
+    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
+    yield
+    for name in [name for name in os.environ if name.startswith("NVTE_")]:
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 def _context(state, model, user_state):
