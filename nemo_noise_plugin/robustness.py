@@ -26,13 +26,12 @@ from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu.parallel import causal_attention_mask
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.model.make_noisy import make_noisy
-from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS, NoiseConfig
+from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.families import noise_family
 
 REPORT_MULTIPLES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 """Noise levels the report sweeps, as multiples of the level the model was trained with (0: no noise)."""
 HELD_OUT_BATCHES = 4
-_INVERSE_FIELDS = ("eta", "epsilon")
-"""Magnitude fields where a larger value means less noise: the sweep varies their reciprocal."""
 
 
 @dataclass(frozen=True)
@@ -47,17 +46,19 @@ class RobustnessPoint:
 def scale_field(noise: NoiseConfig) -> str:
     """The noise level a sweep varies: the mechanism's own magnitude field (``1/eta``, ``1/epsilon`` for the privacy
     mechanisms, whose fields grow as the noise shrinks), so every sweep's axis grows with the noise."""
-    field = MAGNITUDE_FIELDS[noise.mechanism]
-    return f"1/{field}" if field in _INVERSE_FIELDS else field
+    family = noise_family(noise.mechanism)
+    field = family.magnitude_field
+    return f"1/{field}" if family.larger_is_quieter else field
 
 
 def trained_scale(noise: NoiseConfig) -> float:
     """The noise level of ``noise`` on the ``scale_field`` axis (the field's default when noise is off or zero)."""
-    field = MAGNITUDE_FIELDS[noise.mechanism]
+    family = noise_family(noise.mechanism)
+    field = family.magnitude_field
     value = getattr(noise, field) if noise.enabled else None
     if not value:
         value = getattr(NoiseConfig(), field) or 1.0
-    return 1.0 / value if field in _INVERSE_FIELDS else float(value)
+    return 1.0 / value if family.larger_is_quieter else float(value)
 
 
 def sweep_scales(noise: NoiseConfig, multiples: Sequence[float] = REPORT_MULTIPLES) -> list[float]:
@@ -67,11 +68,12 @@ def sweep_scales(noise: NoiseConfig, multiples: Sequence[float] = REPORT_MULTIPL
 
 def noise_at_scale(noise: NoiseConfig, scale: float, seed: int = 777) -> NoiseConfig:
     """``noise`` at level ``scale`` on its ``scale_field`` axis (0: off), on in eval mode, with a fixed seed."""
-    field = MAGNITUDE_FIELDS[noise.mechanism]
+    family = noise_family(noise.mechanism)
+    field = family.magnitude_field
     common = dict(training_only=False, seed=seed, schedule="constant", warmup_steps=0)
     if scale == 0:
         return dataclasses.replace(noise, enabled=False, **common)
-    value = 1.0 / scale if field in _INVERSE_FIELDS else float(scale)
+    value = 1.0 / scale if family.larger_is_quieter else float(scale)
     return dataclasses.replace(noise, **{field: value}, enabled=True, **common)
 
 

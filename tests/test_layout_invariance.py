@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
@@ -29,7 +30,9 @@ CONFIGS = {
     ),
     "prompt_absolute": NoiseConfig(alpha=0.5, scaling="absolute", tokens="prompt", seed=17),
     "metric_dp": NoiseConfig(mechanism="metric_dp", eta=50.0, clip_norm=1.0, seed=3),
+    **{f"family_{name}": load_noise_config(family.preset, seed=11) for name, family in NOISE_FAMILIES.items()},
 }
+"""Hand-picked settings, and every noise family's preset (a new family is covered by its row)."""
 
 
 def global_batch() -> dict[str, torch.Tensor]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.robustness import REPORT_MULTIPLES, noise_at_scale, scale_field, sweep_scales
 
 
@@ -51,3 +52,15 @@ def test_level_zero_is_no_noise_and_every_point_noises_in_eval_with_a_fixed_seed
 
 def test_a_model_trained_without_noise_is_swept_around_the_default_level():
     assert sweep_scales(NoiseConfig(enabled=False)) == [0.0, 1.25, 2.5, 5.0, 10.0, 20.0]
+
+
+@pytest.mark.parametrize("name", list(NOISE_FAMILIES))
+def test_every_family_sweeps_its_magnitude_field_with_the_axis_growing_with_the_noise(name):
+    family = NOISE_FAMILIES[name]
+    noise = load_noise_config(family.preset)
+    field = family.magnitude_field
+    assert scale_field(noise) == (f"1/{field}" if family.larger_is_quieter else field)
+    louder = noise_at_scale(noise, sweep_scales(noise)[4])  # twice the trained level
+    expected = getattr(noise, field) / 2 if family.larger_is_quieter else 2 * getattr(noise, field)
+    assert getattr(louder, field) == pytest.approx(expected)
+    assert louder.magnitude > noise.magnitude

@@ -18,7 +18,15 @@ from pathlib import Path
 
 from nemo_noise_plugin.artifacts import ArtifactWriteError, check_output_dir
 from nemo_noise_plugin.cli.console import quiet_third_party
-from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS, MECHANISMS, SCALINGS, NoiseConfig, load_noise_config
+from nemo_noise_plugin.noise.config import (
+    LENGTH_SCALED_MECHANISMS,
+    MAGNITUDE_FIELDS,
+    MECHANISMS,
+    SCALINGS,
+    NoiseConfig,
+    load_noise_config,
+)
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.recipes import RECIPES
 from nemo_noise_plugin.training.bridge_console import bridge_log, run_folder
 
@@ -27,10 +35,11 @@ __all__ = ["build_noise_config", "main", "parse_args"]
 MAIN_JOB_RECIPES = tuple(name for name, recipe in RECIPES.items() if recipe.embedded_corpus)
 
 
+_MAGNITUDE_FLAGS = {family.cli_flag: family for family in NOISE_FAMILIES.values() if family.cli_flag}
+"""A flag per family that names one (``NoiseFamily.cli_flag``): ``--alpha``, ``--sigma``, ..."""
 MECHANISM_FLAGS: dict[str, tuple[str, ...]] = {
-    "alpha": ("uniform",),
-    "sigma": ("gaussian",),
-    "scaling": ("uniform", "gaussian"),
+    **{flag: (family.name,) for flag, family in _MAGNITUDE_FLAGS.items()},
+    "scaling": LENGTH_SCALED_MECHANISMS,
 }
 """The main job's noise flags and the mechanisms that use them."""
 EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
@@ -66,8 +75,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--output-dir", default="outputs/main_job", help="report, plot and data (default %(default)s)")
     parser.add_argument("--noise-config", help="a noise preset name (e.g. gaussian) or a YAML of NoiseConfig fields")
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
-    parser.add_argument("--alpha", type=float, help="NEFTune alpha of uniform noise (default 10)")
-    parser.add_argument("--sigma", type=float, help="gaussian noise multiplier")
+    for flag, family in _MAGNITUDE_FLAGS.items():
+        parser.add_argument(_option(flag), dest=flag, type=float, help=family.cli_help)
     parser.add_argument("--scaling", choices=SCALINGS, help="overrides the config (default true_length)")
     parser.add_argument("--lr", type=float, help="peak learning rate (1e-3 for tiny recipes, else the recipe's)")
     parser.add_argument("--seed", type=int, default=1234)
@@ -94,7 +103,7 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
 
     A flag the resulting mechanism does not use (``--sigma`` with NEFTune noise) is an error, not ignored.
     """
-    flags = {name: getattr(args, name) for name in ("mechanism", "alpha", "sigma", "scaling")}
+    flags = {name: getattr(args, name) for name in ("mechanism", *MECHANISM_FLAGS)}
     overrides = {name: value for name, value in flags.items() if value is not None}
     overrides["seed"] = args.seed
     if args.noise_config:
@@ -105,11 +114,16 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
         if flags[flag] is not None and noise.mechanism not in mechanisms:
             own = MAGNITUDE_FIELDS[noise.mechanism]
             raise ValueError(
-                f"--{flag}={flags[flag]} is not used by mechanism {noise.mechanism!r} (only by "
+                f"{_option(flag)}={flags[flag]} is not used by mechanism {noise.mechanism!r} (only by "
                 f"{', '.join(mechanisms)}); {noise.mechanism} noise is set by its field {own!r}: use --noise-config "
                 f"with {own}: <value>, or --mechanism {mechanisms[0]}."
             )
     return noise
+
+
+def _option(field: str) -> str:
+    """The command-line spelling of a ``NoiseConfig`` field: ``laplace_scale`` -> ``--laplace-scale``."""
+    return "--" + field.replace("_", "-")
 
 
 def _stop_on_sigterm() -> None:

@@ -6,27 +6,26 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
 from nemo_noise_plugin.validation import check_bool, check_choice, check_int, check_number
 
 NoiseMechanism = Literal["uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative"]
+"""The rows of ``noise.families.NOISE_FAMILIES``, spelled out for type checkers (a test keeps the two equal)."""
 NoiseScaling = Literal["true_length", "padded_length", "absolute", "embedding_distance"]
 TokenSelection = Literal["all", "prompt", "response"]
 ScheduleKind = Literal["constant", "linear", "cosine"]
 Calibration = Literal["analytic", "classical"]
 
-MECHANISMS: tuple[str, ...] = ("uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative")
-PRIVACY_MECHANISMS: tuple[str, ...] = ("metric_dp", "gaussian_mechanism")
-LENGTH_SCALED_MECHANISMS: tuple[str, ...] = ("uniform", "gaussian")
-MAGNITUDE_FIELDS: dict[str, str] = {
-    "uniform": "alpha",
-    "gaussian": "sigma",
-    "metric_dp": "eta",
-    "gaussian_mechanism": "epsilon",
-    "quantization": "quantization_step",
-    "relative": "relative_scale",
-}
+# Views of the family registry (noise/families.py), kept importable under their names.
+MECHANISMS: tuple[str, ...] = tuple(NOISE_FAMILIES)
+PRIVACY_MECHANISMS: tuple[str, ...] = tuple(name for name, f in NOISE_FAMILIES.items() if f.privacy_mechanism)
+"""The mechanisms calibrated once (constant schedule, no warm-up)."""
+LENGTH_SCALED_MECHANISMS: tuple[str, ...] = tuple(name for name, f in NOISE_FAMILIES.items() if f.length_scaled)
+"""The mechanisms that ``scaling`` sizes."""
+MAGNITUDE_FIELDS: dict[str, str] = {name: family.magnitude_field for name, family in NOISE_FAMILIES.items()}
 """The field that sets each mechanism's noise level (for metric_dp and gaussian_mechanism, larger is less noise)."""
+_NON_NEGATIVE_MAGNITUDES = tuple(f.magnitude_field for f in NOISE_FAMILIES.values() if not f.larger_is_quieter)
 SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute", "embedding_distance")
 TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
@@ -53,6 +52,9 @@ class NoiseConfig:
     - ``quantization`` (a quantisation proxy): ``z = f(t) * U(-D/2, D/2)^d``, ``D = quantization_step``;
     - ``relative``: ``z = f(t) * rho * rms(x) * N(0, I_d)``, ``rho = relative_scale``, so the noise RMS is
       ``rho`` times the token's embedding RMS.
+
+    What each mechanism is (its field, unit noise, scaling, clipping, kernel, attacker model, ledger) is its row of
+    ``noise.families.NOISE_FAMILIES``.
 
     Padding tokens and ``special_token_ids`` are never noised; ``tokens`` selects all tokens, the prompt or the
     response (tokens whose prediction carries loss). The privacy mechanisms keep a constant schedule.
@@ -112,7 +114,7 @@ class NoiseConfig:
         check_choice(_FIELD + "calibration", self.calibration, CALIBRATIONS)
         for name in ("enabled", "training_only"):
             check_bool(_FIELD + name, getattr(self, name))
-        for name in ("alpha", "sigma", "quantization_step", "relative_scale"):
+        for name in _NON_NEGATIVE_MAGNITUDES:
             check_number(_FIELD + name, getattr(self, name), minimum=0.0)
         check_number(_FIELD + "eta", self.eta, minimum=0.0, inclusive=False)
         check_number(_FIELD + "delta", self.delta, minimum=0.0, maximum=1.0, inclusive=False)
@@ -146,7 +148,7 @@ class NoiseConfig:
                 f"NoiseConfig.decay_steps=0 is invalid with schedule={self.schedule!r}: "
                 "expected decay_steps >= 1 (or schedule='constant')."
             )
-        if self.mechanism in PRIVACY_MECHANISMS and (self.schedule != "constant" or self.warmup_steps):
+        if noise_family(self.mechanism).privacy_mechanism and (self.schedule != "constant" or self.warmup_steps):
             raise ValueError(
                 f"NoiseConfig.schedule={self.schedule!r} (warmup_steps={self.warmup_steps}) is invalid with "
                 f"mechanism={self.mechanism!r}: a privacy mechanism is calibrated once, so it needs "
@@ -159,30 +161,21 @@ class NoiseConfig:
             check_number(
                 _FIELD + "embedding_distance", self.embedding_distance, minimum=0.0, inclusive=False, optional=True
             )
-        if self.scaling == "embedding_distance" and self.mechanism not in LENGTH_SCALED_MECHANISMS:
+        if self.scaling == "embedding_distance" and not noise_family(self.mechanism).length_scaled:
             raise ValueError(
                 f"NoiseConfig.scaling='embedding_distance' is invalid with mechanism={self.mechanism!r}: expected "
                 f"mechanism in {', '.join(LENGTH_SCALED_MECHANISMS)} (the others size their noise themselves)."
             )
 
     def _check_privacy_mechanism(self) -> None:
-        if self.mechanism != "gaussian_mechanism":
-            return
-        if self.clip_norm is None:
+        family = noise_family(self.mechanism)
+        if family.clip == "required" and self.clip_norm is None:
             raise ValueError(
-                "NoiseConfig.clip_norm=None is invalid with mechanism='gaussian_mechanism': expected the per-token "
+                f"NoiseConfig.clip_norm=None is invalid with mechanism={self.mechanism!r}: expected the per-token "
                 "norm bound C > 0 (embeddings are clipped to it; the sensitivity is 2C)."
             )
-        if self.epsilon is None:
-            raise ValueError(
-                "NoiseConfig.epsilon=None is invalid with mechanism='gaussian_mechanism': expected the per-token "
-                "privacy budget epsilon > 0 that calibrates sigma."
-            )
-        if self.calibration == "classical" and self.epsilon >= 1.0:
-            raise ValueError(
-                f"NoiseConfig.epsilon={self.epsilon!r} is invalid with calibration='classical': the classical "
-                "Gaussian mechanism holds only for epsilon < 1; use calibration='analytic' for larger epsilon."
-            )
+        if family.check is not None:
+            family.check(self)
 
     @property
     def sensitivity(self) -> float | None:
@@ -203,19 +196,10 @@ class NoiseConfig:
     def magnitude(self) -> float:
         """The mechanism's base magnitude: alpha, sigma, 1/eta, sigma_dp, quantization_step or relative_scale
         (distance_multiple for uniform and gaussian under ``embedding_distance`` scaling)."""
-        if self.scaling == "embedding_distance" and self.mechanism in LENGTH_SCALED_MECHANISMS:
+        family = noise_family(self.mechanism)
+        if self.scaling == "embedding_distance" and family.length_scaled:
             return float(self.distance_multiple)
-        if self.mechanism == "uniform":
-            return float(self.alpha)
-        if self.mechanism == "gaussian":
-            return float(self.sigma)
-        if self.mechanism == "metric_dp":
-            return 1.0 / float(self.eta)
-        if self.mechanism == "gaussian_mechanism":
-            return self.dp_sigma
-        if self.mechanism == "quantization":
-            return float(self.quantization_step)
-        return float(self.relative_scale)
+        return family.magnitude(self)
 
     @property
     def is_active_configuration(self) -> bool:

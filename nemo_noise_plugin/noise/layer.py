@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import (
     LocalLayout,
     NoiseBatchInputs,
@@ -84,7 +85,7 @@ class EmbeddingNoise:
             batch,
             layout,
             self._group("cp"),
-            need_lengths=config.mechanism in ("uniform", "gaussian") and config.scaling == "true_length",
+            need_lengths=noise_family(config.mechanism).length_scaled and config.scaling == "true_length",
             need_response=config.tokens != "all",
             device=decoder_input.device,
         )

@@ -96,8 +96,10 @@ def add_noise(
     noise_scale: torch.Tensor,
     input_scale: torch.Tensor | None = None,
     distribution: Literal["uniform", "gaussian"] = "uniform",
+    fused: bool = True,
 ) -> torch.Tensor:
-    """``add_noise_reference``'s result; on CUDA with Triton, from the fused one-pass kernel (same Philox words)."""
+    """``add_noise_reference``'s result; on CUDA with Triton, from the fused one-pass kernel (same Philox words)
+    unless ``fused`` is False (a family the kernel does not draw: ``NoiseFamily.kernel``)."""
     arguments = dict(
         seed=seed,
         iteration=iteration,
@@ -107,7 +109,7 @@ def add_noise(
         input_scale=input_scale,
         distribution=distribution,
     )
-    if x.is_cuda:
+    if fused and x.is_cuda:
         from nemo_noise_plugin.noise.triton_kernel import fused_add_noise, triton_available
 
         if triton_available():

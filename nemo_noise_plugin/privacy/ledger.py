@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from nemo_noise_plugin.noise.calibration import gaussian_mechanism_epsilon
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
     compose_zcdp,
@@ -133,11 +134,10 @@ def privacy_ledger(
     )
     if not config.enabled:
         return replace(base, assumptions=(DISABLED,))
-    if config.mechanism == "gaussian_mechanism":
-        return _gaussian_mechanism_ledger(config, base, float(config.delta) if delta is None else float(delta))
-    if config.mechanism == "metric_dp":
-        return _metric_dp_ledger(config, base)
-    return replace(base, assumptions=(UNCLIPPED.format(mechanism=config.mechanism),))
+    accounting = noise_family(config.mechanism).accounting
+    if accounting is None:
+        return replace(base, assumptions=(UNCLIPPED.format(mechanism=config.mechanism),))
+    return _LEDGERS[accounting](config, base, float(config.delta) if delta is None else float(delta))
 
 
 def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: float) -> PrivacyLedger:
@@ -177,7 +177,7 @@ def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequenc
     )
 
 
-def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger) -> PrivacyLedger:
+def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: float) -> PrivacyLedger:
     eta = float(config.eta)
     noise_norm = None if base.hidden_size is None else base.hidden_size / eta
     d_chi = (
@@ -205,6 +205,11 @@ def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger) -> PrivacyLedger
         per_sequence=(Guarantee(sequence_epsilon, 0.0, "pure DP composition: L E eta 2C"),),
         assumptions=(SCOPE, d_chi, EMBEDDING_MAP, RANDOMNESS, *_coverage(config)),
     )
+
+
+_LEDGERS = {"gaussian": _gaussian_mechanism_ledger, "d_chi": _metric_dp_ledger}
+"""The ledger of each accounting (``NoiseFamily.accounting``), called with the config, the common part and the
+per-sequence delta."""
 
 
 def _coverage(config: NoiseConfig) -> tuple[str, ...]:

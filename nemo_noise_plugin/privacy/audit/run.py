@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.attacks import direction_attack, nearest_neighbour_attack
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs, lm_beam_attack
 from nemo_noise_plugin.privacy.audit.checks import check_choice
@@ -26,8 +27,9 @@ ATTACKS: tuple[str, ...] = ("nn_l2", "nn_cosine", "direction", "lm_beam")
 
 
 def clips_embeddings(config: NoiseConfig) -> bool:
-    """True when the mechanism clips embeddings to ``clip_norm`` (gaussian_mechanism, metric_dp with a clip)."""
-    return config.mechanism in ("gaussian_mechanism", "metric_dp") and config.clip_norm is not None
+    """True when the mechanism clips embeddings to ``clip_norm`` (gaussian_mechanism, metric_dp with a clip, ...:
+    the family's ``clips``)."""
+    return noise_family(config.mechanism).clips(config)
 
 
 @torch.no_grad()
@@ -124,9 +126,11 @@ def check_attacks(attacks: Sequence[str], config: NoiseConfig, lm_log_probs: LmL
     if "lm_beam" in attacks and lm_log_probs is None:
         raise ValueError("attacks includes 'lm_beam' but lm_log_probs=None: expected a callable prefix -> log-probs.")
     if "direction" in attacks and not clips_embeddings(config):
+        required = [name for name, family in NOISE_FAMILIES.items() if family.clip == "required"]
+        optional = [name for name, family in NOISE_FAMILIES.items() if family.clip == "optional"]
         raise ValueError(
             f"attacks includes 'direction' but the noise config (mechanism={config.mechanism!r}, "
             f"clip_norm={config.clip_norm!r}) does not clip: "
-            "expected a clipped mechanism (gaussian_mechanism, or metric_dp with clip_norm)."
+            f"expected a clipped mechanism ({', '.join(required)}, or {' or '.join(optional)} with clip_norm)."
         )
     return tuple(attacks)

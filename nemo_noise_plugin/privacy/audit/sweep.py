@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.noise.config import LENGTH_SCALED_MECHANISMS, MECHANISMS, NoiseConfig
+from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
 from nemo_noise_plugin.privacy.audit.checks import check_choice, check_int
 from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit, clips_embeddings
@@ -41,15 +42,8 @@ __all__ = [
     "write_sweep_report",
 ]
 
-SWEEP_FIELDS: dict[str, tuple[str, ...]] = {
-    "uniform": ("alpha", "distance_multiple"),
-    "gaussian": ("sigma", "distance_multiple"),
-    "metric_dp": ("eta",),
-    "gaussian_mechanism": ("epsilon",),
-    "quantization": ("quantization_step",),
-    "relative": ("relative_scale",),
-}
-"""The settings a sweep may vary, per mechanism."""
+SWEEP_FIELDS: dict[str, tuple[str, ...]] = {name: family.sweep_fields for name, family in NOISE_FAMILIES.items()}
+"""The settings a sweep may vary, per mechanism (each family's ``sweep_fields``)."""
 TaskLoss = Callable[[NoiseConfig], float]
 """``task_loss(config) -> held-out loss`` (nats/token) of the model with ``config``'s noise on its embeddings."""
 
@@ -70,7 +64,7 @@ class Sweep:
 
     def configs(self, base: NoiseConfig) -> list[NoiseConfig]:
         """``base`` with this sweep's mechanism and each level (validated like every ``NoiseConfig``)."""
-        scaling = base.scaling if self.mechanism in LENGTH_SCALED_MECHANISMS else "true_length"
+        scaling = base.scaling if noise_family(self.mechanism).length_scaled else "true_length"
         if self.field == "distance_multiple":
             scaling = "embedding_distance"
         elif scaling == "embedding_distance":
