@@ -3,66 +3,53 @@ embeddings under the noise's likelihood plus a language model's log-probabilitie
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.schedule import schedule_factor
 from nemo_noise_plugin.privacy.audit.checks import check_int, check_number, check_search_args, check_table, shape_of
 from nemo_noise_plugin.privacy.audit.noised import real_tokens
 from nemo_noise_plugin.privacy.audit.search import DEFAULT_QUERY_CHUNK, DEFAULT_VOCAB_CHUNK, Scoring, search
 
-__all__ = ["LmLogProbs", "lm_beam_attack"]
+__all__ = ["LmLogProbs", "lm_beam_attack", "noise_likelihood"]
 
 LmLogProbs = Callable[[torch.Tensor], torch.Tensor]
 """``lm_log_probs(prefix_ids [rows, t]) -> [rows, V]``: log-probabilities of the next token after each prefix."""
 _MIN_SCALE = 1e-12  # noise scale used for tokens the configuration leaves (almost) noise-free
 
 
-def _noise_likelihood(
+_SCORING_KINDS = {"gaussian": "gaussian", "laplace": "laplace", "d_chi": "metric_dp"}
+"""The search's scoring of each attacker density (``noise.families.AttackerDensity``)."""
+
+
+def noise_likelihood(
     config: NoiseConfig,
     noised: torch.Tensor,
-    iteration: int,
-    loss_mask: torch.Tensor | None,
-    padding_mask: torch.Tensor | None,
+    iteration: int = 0,
+    loss_mask: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
 ) -> Scoring:
-    """The beam attack's noise log-likelihood for ``[b, s, h]`` observations (see ``lm_beam_attack``)."""
-    batch, seq = noised.shape[:2]
-    device = noised.device
-    factor = schedule_factor(config, iteration)
-    mechanism = config.mechanism
+    """The beam attack's noise log-likelihood for ``[b, s, h]`` observations (see ``lm_beam_attack``).
 
-    def per_token(value: float) -> torch.Tensor:
-        return torch.full((batch * seq,), max(value, _MIN_SCALE), device=device)
-
-    if not config.is_active_configuration:
-        return Scoring("gaussian", scale=per_token(0.0))
-    if mechanism == "metric_dp":
-        return Scoring("metric_dp", clip_norm=config.clip_norm, scale=per_token(config.eta))
-    if mechanism == "gaussian_mechanism":
-        return Scoring("gaussian", clip_norm=config.clip_norm, scale=per_token(config.dp_sigma))
-    if mechanism == "relative":
-        return Scoring("relative", scale=per_token(factor * config.relative_scale))
-    if mechanism == "quantization":
-        return Scoring("gaussian", scale=per_token(factor * config.quantization_step / (2.0 * math.sqrt(3.0))))
-    spread = config.sigma if mechanism == "gaussian" else config.alpha / math.sqrt(3.0)
-    std = factor * spread * _length_scale(config, noised, loss_mask, padding_mask)
-    return Scoring("gaussian", scale=std.reshape(-1).clamp_min(_MIN_SCALE))
-
-
-def _length_scale(
-    config: NoiseConfig, noised: torch.Tensor, loss_mask: torch.Tensor | None, padding_mask: torch.Tensor | None
-) -> torch.Tensor:
-    """``[b, s]`` NEFTune factor ``c``: ``1/sqrt(L d)`` with the true or padded length ``L``, or 1 (absolute)."""
+    Its per-token scale is the mechanism family's ``attacker_noise`` (``noise/families.py``): the same
+    ``token_scale`` the noise layer draws with, from the same sequence lengths, so the attacker's noise model is
+    the drawn noise's for every mechanism and scaling. ``Scoring.scale`` is ``[b * s]``.
+    """
     batch, seq, hidden = noised.shape
-    if config.scaling == "absolute":
-        return torch.ones(batch, seq, device=noised.device)
-    if config.scaling == "padded_length":
-        return torch.full((batch, seq), 1.0 / math.sqrt(seq * hidden), device=noised.device)
+    if not config.is_active_configuration:
+        return Scoring("gaussian", scale=torch.full((batch * seq,), _MIN_SCALE, device=noised.device))
     _, lengths = real_tokens(config, noised, loss_mask, padding_mask)
-    return torch.rsqrt(lengths.clamp_min(1.0) * hidden)
+    model = noise_family(config.mechanism).attacker_noise(
+        config, lengths, seq, hidden, schedule_factor(config, iteration)
+    )
+    scale = model.scale.reshape(-1).clamp_min(_MIN_SCALE)
+    if model.density == "d_chi":
+        scale = 1.0 / scale  # the search's metric_dp scoring takes eta
+    kind = "relative" if model.relative else _SCORING_KINDS[model.density]
+    return Scoring(kind, clip_norm=model.clip_norm, scale=scale)
 
 
 @torch.no_grad()
@@ -92,7 +79,8 @@ def lm_beam_attack(
     Noise log-likelihood of candidate ``e`` for observation ``y`` (per-token constants dropped), from
     ``noise_config``, ``iteration`` (schedule factor ``f``) and the masks (sequence lengths, as in training):
 
-    - gaussian: ``-|y - e|^2 / (2 s^2)``, ``s = f sigma c`` with NEFTune's length factor ``c``;
+    - gaussian: ``-|y - e|^2 / (2 s^2)``, ``s = f sigma c`` with the scaling's length factor ``c`` (NEFTune's
+      ``1/sqrt(L d)``, 1, or the ``embedding_distance`` factor, with ``distance_multiple`` for sigma);
     - uniform (NEFTune) and quantization: the same Gaussian form with the noise's standard deviation,
       ``s = f alpha c / sqrt(3)`` and ``s = f D / (2 sqrt(3))`` (a smooth stand-in for the box-shaped density);
     - gaussian_mechanism: ``-|y - clip(e)|^2 / (2 sigma_dp^2)``;
@@ -118,7 +106,7 @@ def lm_beam_attack(
     check_int("beam_width", beam_width, minimum=1)
     check_int("sequence_chunk", sequence_chunk, minimum=1)
     check_number("lm_weight", lm_weight, minimum=0.0)
-    scoring = _noise_likelihood(noise_config, noised, iteration, loss_mask, padding_mask)
+    scoring = noise_likelihood(noise_config, noised, iteration, loss_mask, padding_mask)
     scores, ids = search(
         noised.reshape(-1, hidden), table, scoring, top_k=candidates, vocab_chunk=vocab_chunk, query_chunk=query_chunk
     )
