@@ -42,6 +42,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "upstream_copies",
             "artifacts",
             "instructions",
+            "yaml_files",
         ),
     ),
 ]

@@ -81,7 +81,7 @@ def test_the_torchrun_form_takes_a_config_file(capsys):
         ("model:\n  noise:\n    alpha: -1\n", r"model\.noise\.alpha=-1 is invalid"),
         ("model:\n  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider\n", r"a config file sets fields"),
         ("model: [1, 2\n", r"not valid YAML"),
-        ("- 1\n- 2\n", r"expected a mapping of config fields, got list"),
+        ("- 1\n- 2\n", r"expected a mapping of config fields \(e\.g\. .*\), got a list \(\[1, 2\]\)"),
         ("1: 2\n", r"config keys must be field names, got 1"),
     ],
 )

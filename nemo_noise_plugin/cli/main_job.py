@@ -29,6 +29,7 @@ from nemo_noise_plugin.noise.config import (
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.recipes import RECIPES
 from nemo_noise_plugin.training.bridge_console import bridge_log, run_folder
+from nemo_noise_plugin.yaml_files import YAMLInputError
 
 __all__ = ["build_noise_config", "main", "parse_args"]
 
@@ -146,6 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_output_dir(args.output_dir)
     except OSError as error:
         print(f"error: --noise-config {args.noise_config!r} cannot be read: {error.strerror or error}", file=sys.stderr)
+        return EXIT_USAGE
+    except YAMLInputError as error:  # names the file: empty, a repeated key, not a mapping, not YAML
+        print(f"error: --noise-config {error}", file=sys.stderr)
         return EXIT_USAGE
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -53,15 +53,16 @@ class KeyValueEntrypoint(Entrypoint):
 
 
 def parse_key_values(arguments: Sequence[str]) -> dict[str, Any]:
-    """``["epochs=3", "clip_norm=null"]`` -> ``{"epochs": 3, "clip_norm": None}`` (values read as YAML)."""
-    import yaml
+    """``["epochs=3", "clip_norm=null", "tokens=1e3"]`` -> ``{"epochs": 3, "clip_norm": None, "tokens": 1000.0}``
+    (values read as YAML by ``yaml_files.load_yaml_value``: ``1e-3`` is a number)."""
+    from nemo_noise_plugin.yaml_files import load_yaml_value
 
     values: dict[str, Any] = {}
     for argument in arguments:
         key, separator, value = argument.partition("=")
         if not separator or not key:
             raise ValueError(f"argument {argument!r} is invalid: expected key=value, e.g. sequence_length=512.")
-        values[key] = yaml.safe_load(value)
+        values[key] = load_yaml_value(value, what=f"argument {argument!r}")
     return values
 
 

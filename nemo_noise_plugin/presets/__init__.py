@@ -12,6 +12,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from nemo_noise_plugin.yaml_files import load_yaml_file
+
 __all__ = ["PRESET_KINDS", "available_presets", "load_config_yaml_fields", "preset_path"]
 
 PRESET_KINDS: tuple[str, ...] = ("noise", "kd")
@@ -50,16 +52,13 @@ def preset_path(kind: str, name_or_path: str | os.PathLike[str]) -> Path:
 
 
 def load_config_yaml_fields[ConfigType](config_type: type[ConfigType], path: Path, **overrides: Any) -> ConfigType:
-    """``config_type(**fields)`` from a YAML mapping of its fields at ``path``, then ``overrides``, validated."""
-    import yaml
+    """``config_type(**fields)`` from a YAML mapping of its fields at ``path``, then ``overrides``, validated.
 
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as error:
-        raise ValueError(f"{path}: not valid YAML: {error}".replace("\n", " ")) from error
+    The file is read by ``yaml_files.load_yaml_file`` (``1e-3`` is a number; an empty file, a repeated key or a top
+    level that is not a mapping raise ``YAMLInputError`` naming the file).
+    """
     name = config_type.__name__
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a mapping of {name} fields, got {type(values).__name__}.")
+    values = load_yaml_file(path, what=f"a mapping of {name} fields (field: value)")
     allowed = [field.name for field in dataclasses.fields(config_type)]
     unknown = sorted(map(str, set(values) - set(allowed)))
     if unknown:

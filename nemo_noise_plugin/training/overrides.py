@@ -7,7 +7,8 @@ dropped with a log warning. ``apply_overrides`` runs the same Bridge machinery, 
 ``NoiseConfig``/``KDConfig`` from its overridden fields and checks every key, raising ``ConfigOverrideError`` that
 names the full key (``model.noise.alpha=-1 is invalid: ...``) before the config is changed or any GPU memory is
 touched. ``load_config_yaml`` reloads a ``ConfigContainer.to_yaml`` file (e.g. a checkpoint's ``run_config.yaml``)
-that names the plugin's classes. The command line and users' launch scripts call both.
+that names the plugin's classes. The command line and users' launch scripts call both. YAML files are read by the
+plugin's rules (``yaml_files``: ``lr: 1e-3`` is 0.001, a repeated key or an empty file is an error naming the file).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.validation import is_finite_number
+from nemo_noise_plugin.yaml_files import YAMLInputError, load_yaml_file
 
 __all__ = [
     "VALIDATED_CONFIG_TYPES",
@@ -130,20 +132,13 @@ def _config_file_values(config: Any, path: str | os.PathLike[str]) -> dict:
     ``_target_`` entries are checked against the config's own classes and dropped: a config file changes fields,
     never the objects the recipe built (a provider keeps its registered hooks, e.g. AutoBridge's weight loading).
     """
-    import yaml
-
     name = os.fspath(path)
     if not os.path.isfile(name):
         raise ConfigOverrideError(f"config file {name!r} is not a file: expected a YAML file of config fields.")
     try:
-        with open(name) as handle:
-            loaded = yaml.safe_load(handle) or {}
-    except yaml.YAMLError as error:
-        raise ConfigOverrideError(f"config file {name}: not valid YAML: {error}".replace("\n", " ")) from error
-    if not isinstance(loaded, dict):
-        raise ConfigOverrideError(
-            f"config file {name}: expected a mapping of config fields, got {type(loaded).__name__}."
-        )
+        loaded = load_yaml_file(name, what="a mapping of config fields (e.g. model: {noise: {alpha: 10}})")
+    except (YAMLInputError, OSError) as error:
+        raise ConfigOverrideError(f"config file {error}") from error
     return _file_fields(config, loaded, "")
 
 
@@ -187,10 +182,18 @@ def _names_current_value(value: dict, current: Any) -> bool:
 
 
 def load_config_yaml(path: str | os.PathLike[str]):
-    """``ConfigContainer.from_yaml(path)`` with the plugin's classes allowed as ``_target_`` (importing providers)."""
+    """``ConfigContainer.from_yaml(path)`` with the plugin's classes allowed as ``_target_`` (importing providers).
+
+    The file is read by the plugin's YAML rules (``yaml_files.load_yaml_file``: ``lr: 1e-3`` is 0.001, a repeated
+    key or an empty file raise ``YAMLInputError``), then built as ``from_yaml`` builds it (OmegaConf, ``from_dict``).
+    """
+    from omegaconf import OmegaConf
+
     import nemo_noise_plugin.providers  # noqa: F401  (adds "nemo_noise_plugin." to Bridge's allowlist)
 
-    return import_bridge("megatron.bridge.training.config").ConfigContainer.from_yaml(os.fspath(path))
+    values = load_yaml_file(path, what="a ConfigContainer mapping, as ConfigContainer.to_yaml writes it")
+    container = import_bridge("megatron.bridge.training.config").ConfigContainer
+    return container.from_dict(OmegaConf.to_container(OmegaConf.create(values), resolve=True))
 
 
 class _Plan:

@@ -137,6 +137,30 @@ def _executor(*arguments: str) -> Callable[[], None]:
     return run
 
 
+def _main_job_noise_file(text: str, name: str) -> Callable[[], None]:
+    """The main job with ``--noise-config`` a file holding ``text``."""
+
+    def run() -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = pathlib.Path(folder) / name
+            path.write_text(text)
+            _main_job("--noise-config", str(path), "--output-dir", f"{folder}/out")()
+
+    return run
+
+
+def _ledger_file(text: str, *arguments: str) -> Callable[[], None]:
+    """``nemo noise ledger config=<a file holding text> <arguments>``."""
+
+    def run() -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = pathlib.Path(folder) / "noise.yaml"
+            path.write_text(text)
+            _ledger(f"config={path}", *arguments)()
+
+    return run
+
+
 def _ledger(*arguments: str) -> Callable[[], None]:
     def run() -> None:
         from nemo_noise_plugin.cli.nemo_noise import run_ledger
@@ -165,6 +189,18 @@ def _preset(text: str, loader: str = "noise") -> Callable[[], None]:
             path = pathlib.Path(folder) / "preset.yaml"
             path.write_text(text)
             (load_noise_config if loader == "noise" else load_kd_config)(path)
+
+    return run
+
+
+def _preset_bytes(data: bytes) -> Callable[[], None]:
+    def run() -> None:
+        from nemo_noise_plugin.noise.config import load_noise_config
+
+        with tempfile.TemporaryDirectory() as folder:
+            path = pathlib.Path(folder) / "preset.yaml"
+            path.write_bytes(data)
+            load_noise_config(path)
 
     return run
 
@@ -335,6 +371,18 @@ def _main_job_cases() -> list[BadInput]:
         ),
         BadInput("python -m nemo_noise_plugin", "--seed -1", _main_job("--seed", "-1"), ("seed", "-1")),
         BadInput("python -m nemo_noise_plugin", "--seed 2**32", _main_job("--seed", str(2**32)), ("seed",)),
+        BadInput(
+            "python -m nemo_noise_plugin",
+            "--noise-config empty.yaml",
+            _main_job_noise_file("", "empty.yaml"),
+            ("--noise-config", "empty.yaml", "the file is empty"),
+        ),
+        BadInput(
+            "python -m nemo_noise_plugin",
+            "--noise-config with a repeated key",
+            _main_job_noise_file("alpha: 5\nalpha: 15\n", "noise.yaml"),
+            ("--noise-config", "noise.yaml", "line 2", "duplicate key 'alpha'"),
+        ),
         BadInput("python -m nemo_noise_plugin", "unknown option --stpes", _main_job("--stpes", "3"), ("--stpes",)),
     ]
 
@@ -420,6 +468,18 @@ def _finetune_cases() -> list[BadInput]:
             "another provider class",
             _finetune(config_file_text="model:\n  _target_: megatron.bridge.models.gpt_provider.GPTModelProvider\n"),
             ("model._target_", "GPTModelProvider"),
+        ),
+        BadInput(
+            "nemo llm finetune --config-file",
+            "an empty file",
+            _finetune(config_file_text="# nothing yet\n"),
+            ("run.yaml", "the file is empty"),
+        ),
+        BadInput(
+            "nemo llm finetune --config-file",
+            "a repeated key",
+            _finetune(config_file_text="train:\n  train_iters: 5\n  train_iters: 50\n"),
+            ("run.yaml", "line 3", "duplicate key 'train_iters'"),
         ),
     ]
     return cases
@@ -548,6 +608,13 @@ def _ledger_cases() -> list[BadInput]:
             ("clip_norm",),
         ),
         BadInput(surface, "epsilon=-1", _ledger(preset, "sequence_length=8", "epsilon=-1"), ("epsilon",)),
+        BadInput(
+            surface,
+            "a value that is not YAML",
+            _ledger(preset, "sequence_length=8", "special_token_ids=[1, 2"),
+            ("special_token_ids=[1, 2", "not valid YAML"),
+        ),
+        BadInput(surface, "an empty config file", _ledger_file("", "sequence_length=8"), ("noise.yaml", "empty")),
     ]
 
 
@@ -594,6 +661,23 @@ def _preset_cases() -> list[BadInput]:
         BadInput("load_kd_config (YAML)", "temperature: 0", _preset("temperature: 0\n", "kd"), ("temperature",)),
         BadInput("load_kd_config (YAML)", "unknown field", _preset("temprature: 2\n", "kd"), ("temprature",)),
         BadInput("load_kd_config (YAML)", "syntax error", _preset("loss: [\n", "kd"), ("not valid YAML",)),
+        BadInput("load_noise_config (YAML)", "an empty file", _preset(""), ("preset.yaml", "the file is empty")),
+        BadInput(
+            "load_noise_config (YAML)", "only comments", _preset("# alpha: 5\n"), ("preset.yaml", "the file is empty")
+        ),
+        BadInput(
+            "load_noise_config (YAML)",
+            "a repeated key",
+            _preset("alpha: 5\nalpha: 15\n"),
+            ("preset.yaml", "line 2", "duplicate key 'alpha'", "first set on line 1"),
+        ),
+        BadInput(
+            "load_noise_config (YAML)",
+            "a binary file",
+            _preset_bytes(b"\x89PNG\r\n\x1a\n"),
+            ("preset.yaml", "not a text file"),
+        ),
+        BadInput("load_kd_config (YAML)", "an empty file", _preset("\n", "kd"), ("preset.yaml", "the file is empty")),
     ]
 
 
