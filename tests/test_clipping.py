@@ -59,8 +59,9 @@ def test_unselected_tokens_are_never_scaled():
     [
         NoiseConfig(mechanism="gaussian_mechanism", clip_norm=CLIP, epsilon=1e12, delta=1e-5),
         NoiseConfig(mechanism="metric_dp", clip_norm=CLIP, eta=1e12),
+        NoiseConfig(mechanism="laplace", clip_norm=CLIP, laplace_scale=1e-12),
     ],
-    ids=["gaussian_mechanism", "metric_dp"],
+    ids=["gaussian_mechanism", "metric_dp", "laplace"],
 )
 def test_with_negligible_noise_the_output_is_the_exactly_clipped_input(config):
     x = _tokens_around_the_clip_norm()

@@ -32,7 +32,7 @@ def test_magnitude_follows_the_mechanism():
 @pytest.mark.parametrize(
     ("field", "value", "allowed"),
     [
-        ("mechanism", "laplace", "expected one of uniform, gaussian, metric_dp, gaussian_mechanism, quantization"),
+        ("mechanism", "cauchy", "expected one of uniform, gaussian, metric_dp, gaussian_mechanism, quantization"),
         ("tokens", "answers", "expected one of all, prompt, response"),
         ("schedule", "step", "expected one of constant, linear, cosine"),
         ("calibration", "rdp", "expected one of analytic, classical"),
@@ -42,6 +42,7 @@ def test_magnitude_follows_the_mechanism():
         ("clip_norm", -1.0, "expected a finite number > 0 (or null)"),
         ("epsilon", 0, "expected a finite number > 0 (or null)"),
         ("quantization_step", -0.1, "expected a finite number >= 0"),
+        ("laplace_scale", -0.1, "expected a finite number >= 0"),
         ("warmup_steps", 2.5, "expected an integer >= 0"),
         ("seed", 2**32, "expected an integer >= 0 and <= 4294967295"),
         ("special_token_ids", [1, -2], "expected a list of integer token ids >= 0"),
@@ -125,8 +126,8 @@ def test_unknown_keys_in_a_yaml_preset_are_named(tmp_path):
 
 def test_bad_values_in_a_yaml_preset_name_the_field(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("mechanism: laplace\n")
-    with pytest.raises(ValueError, match="NoiseConfig.mechanism='laplace' is invalid"):
+    path.write_text("mechanism: cauchy\n")
+    with pytest.raises(ValueError, match="NoiseConfig.mechanism='cauchy' is invalid"):
         load_noise_config(path)
 
 
@@ -151,6 +152,11 @@ def test_bad_values_in_a_yaml_preset_name_the_field(tmp_path):
             "a privacy mechanism is calibrated once, so it needs schedule='constant' and warmup_steps=0",
         ),
         (dict(mechanism="metric_dp", warmup_steps=5), "needs schedule='constant' and warmup_steps=0"),
+        (dict(mechanism="laplace", warmup_steps=5), "mechanism='laplace': a privacy mechanism is calibrated once"),
+        (
+            dict(mechanism="laplace", scaling="embedding_distance"),
+            "NoiseConfig.scaling='embedding_distance' is invalid with mechanism='laplace'",
+        ),
     ],
 )
 def test_inconsistent_settings_are_rejected_naming_the_fields(settings, message):
@@ -162,6 +168,7 @@ def test_magnitude_of_each_mechanism():
     assert NoiseConfig(mechanism="metric_dp", eta=20.0).magnitude == pytest.approx(0.05)
     assert NoiseConfig(mechanism="quantization", quantization_step=0.25).magnitude == 0.25
     assert NoiseConfig(mechanism="relative", relative_scale=0.3).magnitude == 0.3
+    assert NoiseConfig(mechanism="laplace", laplace_scale=0.4).magnitude == 0.4
     dp = NoiseConfig(mechanism="gaussian_mechanism", clip_norm=1.0, epsilon=0.5, calibration="classical")
     assert dp.sensitivity == 2.0
     assert dp.magnitude == pytest.approx(2.0 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 0.5)

@@ -29,8 +29,16 @@ def test_the_mechanism_literal_lists_the_registry_in_its_order():
 
 
 def test_the_config_names_are_views_of_the_registry():
-    assert MECHANISMS == ("uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative")
-    assert PRIVACY_MECHANISMS == ("metric_dp", "gaussian_mechanism")
+    assert MECHANISMS == (
+        "uniform",
+        "gaussian",
+        "metric_dp",
+        "gaussian_mechanism",
+        "quantization",
+        "relative",
+        "laplace",
+    )
+    assert PRIVACY_MECHANISMS == ("metric_dp", "gaussian_mechanism", "laplace")
     assert LENGTH_SCALED_MECHANISMS == ("uniform", "gaussian")
     assert MAGNITUDE_FIELDS == {
         "uniform": "alpha",
@@ -39,6 +47,7 @@ def test_the_config_names_are_views_of_the_registry():
         "gaussian_mechanism": "epsilon",
         "quantization": "quantization_step",
         "relative": "relative_scale",
+        "laplace": "laplace_scale",
     }
     assert SWEEP_FIELDS == {name: family.sweep_fields for name, family in NOISE_FAMILIES.items()}
 

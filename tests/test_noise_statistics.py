@@ -114,6 +114,30 @@ def test_relative_noise_rms_is_rho_times_each_tokens_rms():
     assert stats.kstest(normalised.numpy(), stats.norm(scale=rho).cdf).pvalue > 1e-3
 
 
+def test_laplace_has_mean_zero_and_standard_deviation_b_sqrt_2():
+    b = 0.3
+    values = _noise(NoiseConfig(mechanism="laplace", laplace_scale=b)).flatten().double()
+    assert values.mean().item() == pytest.approx(0.0, abs=4 * b * math.sqrt(2 / values.numel()))
+    assert values.std().item() == pytest.approx(b * math.sqrt(2), rel=0.01)  # SE ~0.3% with 131k samples
+    assert values.abs().mean().item() == pytest.approx(b, rel=0.01)  # E|z| = b: a Gaussian of that std gives 1.13 b
+    assert stats.kstest(values.numpy(), stats.laplace(scale=b).cdf).pvalue > 1e-3
+    assert stats.kurtosis(values.numpy()) == pytest.approx(3.0, abs=0.15)
+    assert values.abs().max().item() <= b * 24 * math.log(2) * (1 + 1e-6)  # |v| <= 1 - 2**-24
+
+
+def test_laplace_is_not_length_scaled_and_clips_when_clip_norm_is_set():
+    short = NoiseConfig(mechanism="laplace", laplace_scale=0.3)
+    x = torch.zeros(SEQ, BATCH, HIDDEN)
+    whole = _noised(short, x)
+    half = EmbeddingNoise(short, sequence_parallel=False, pg_collection=None)(
+        x[: SEQ // 2], NoiseBatchInputs(loss_mask=torch.ones(BATCH, SEQ // 2)), NoiseClock()
+    )
+    assert torch.equal(half, whole[: SEQ // 2])  # the same noise at a quarter of the length: no 1/sqrt(L)
+    big = torch.randn(16, 2, HIDDEN) * 5
+    out = _noised(NoiseConfig(mechanism="laplace", laplace_scale=1e-9, clip_norm=1.5), big)
+    assert out.norm(dim=-1).max().item() == pytest.approx(1.5, rel=1e-4)
+
+
 @pytest.mark.parametrize(
     ("schedule", "iteration", "expected"),
     [

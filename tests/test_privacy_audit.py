@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.privacy.audit import (
@@ -61,6 +62,7 @@ LAYER_CONFIGS = {
     "metric_dp": NoiseConfig(mechanism="metric_dp", eta=20.0, clip_norm=2.0),
     "relative_warmup": NoiseConfig(mechanism="relative", relative_scale=0.3, warmup_steps=10),
     "quantization": NoiseConfig(mechanism="quantization", quantization_step=0.5),
+    **{f"family_{name}": load_noise_config(family.preset, seed=3) for name, family in NOISE_FAMILIES.items()},
 }
 
 
@@ -317,6 +319,24 @@ def test_audit_beam_with_a_flat_prior_is_the_clipped_maximum_likelihood_guess():
     assert attacks["lm_beam"] == attacks["direction"]
     assert 0.3 < attacks["direction"]["overall"]["rate"] < 0.95, attacks["direction"]["overall"]
     assert attacks["nn_l2"]["overall"]["rate"] < attacks["direction"]["overall"]["rate"] - 0.2
+
+
+def test_laplace_beam_with_a_flat_prior_is_the_l1_maximum_likelihood_guess_on_the_clipped_table():
+    table, tokens = 3.0 * random_table(), random_tokens(8, 16)
+    config = NoiseConfig(mechanism="laplace", laplace_scale=0.5, clip_norm=2.0)
+
+    def flat(prefix: torch.Tensor) -> torch.Tensor:
+        return torch.full((prefix.size(0), VOCAB), -math.log(VOCAB))
+
+    noised = noised_embeddings(table, tokens, config).reshape(-1, HIDDEN)
+    clipped = table * (2.0 / table.norm(dim=-1, keepdim=True)).clamp_max(1.0)
+    brute_force = torch.cdist(noised, clipped, p=1.0).argmin(dim=1)  # argmax of exp(-|y - clip(e)|_1 / b)
+    beam = lm_beam_attack(noised.view(8, 16, HIDDEN), table, config, flat, candidates=4).reshape(-1)
+    assert torch.equal(beam, brute_force)
+    rate = (beam == tokens.reshape(-1)).float().mean().item()
+    direction = audit(table, tokens, config, attacks=("direction",))["attacks"]["direction"]["overall"]["rate"]
+    assert 0.3 < rate < 0.95, rate
+    assert rate > direction + 0.1  # on Laplace noise the L1 likelihood beats L2 against the same clipped table
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
     compose_zcdp,
     gaussian_zcdp_rho,
+    laplace_epsilon,
     metric_dp_epsilon,
     zcdp_to_dp_epsilon,
 )
@@ -140,6 +141,38 @@ def test_metric_dp_epsilon_is_eta_times_twice_the_clip():
     assert metric_dp_epsilon(2.5, 0.2) == pytest.approx(1.0)
     with pytest.raises(ValueError, match=r"clip_norm=0.0 is invalid"):
         metric_dp_epsilon(1.0, 0.0)
+
+
+def test_laplace_epsilon_is_the_l1_diameter_of_the_clip_ball_over_b():
+    assert laplace_epsilon(0.5, 1.0, 4096) == 256.0  # 2 * 1 * sqrt(4096) / 0.5
+    assert laplace_epsilon(2.0, 3.0, 9) == pytest.approx(9.0)
+    with pytest.raises(ValueError, match=r"laplace_epsilon: scale=0.0 is invalid"):
+        laplace_epsilon(0.0, 1.0, 4)
+    with pytest.raises(ValueError, match=r"laplace_epsilon: hidden_size=0 is invalid"):
+        laplace_epsilon(1.0, 1.0, 0)
+
+
+def test_laplace_epsilon_bounds_the_privacy_loss_of_clipped_pairs_and_is_attained():
+    """The log density ratio of per-coordinate Laplace noise on two clipped embeddings never exceeds epsilon, and
+    reaches it for the antipodal pair ``+-C (1, ..., 1) / sqrt(d)`` at outputs beyond both."""
+    d, clip, b = 16, 1.5, 0.7
+    epsilon = laplace_epsilon(b, clip, d)
+    rng = np.random.default_rng(0)
+
+    def clipped(points):
+        norms = np.linalg.norm(points, axis=-1, keepdims=True)
+        return points * np.minimum(1.0, clip / norms)
+
+    def privacy_loss(y, x, x_other):  # log p(y | x) - log p(y | x') for Laplace(0, b)^d
+        return (np.abs(y - x_other).sum(-1) - np.abs(y - x).sum(-1)) / b
+
+    x, x_other = clipped(rng.normal(size=(4000, d)) * 3), clipped(rng.normal(size=(4000, d)) * 3)
+    y = x + rng.laplace(scale=b, size=(4000, d))
+    assert privacy_loss(y, x, x_other).max() <= epsilon * (1 + 1e-12)
+    corner = np.full(d, clip / math.sqrt(d))
+    beyond = corner + 1.0  # every coordinate beyond both +corner and -corner
+    assert privacy_loss(beyond, corner, -corner) == pytest.approx(epsilon, rel=1e-12)
+    assert np.linalg.norm(corner) == pytest.approx(clip)  # the pair is inside the clip ball
 
 
 def test_bun_steinke_conversion_value():

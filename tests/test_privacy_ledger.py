@@ -12,6 +12,7 @@ import pytest
 
 from nemo_noise_plugin.cli.nemo_noise import run_ledger
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -101,7 +102,25 @@ def test_metric_dp_without_clip_norm_says_unbounded_instead_of_failing():
     assert "without clip_norm" in text
 
 
-@pytest.mark.parametrize("mechanism", ["uniform", "gaussian", "quantization", "relative"])
+def test_laplace_ledger_is_pure_2c_sqrt_d_over_b_per_token_and_sums_per_sequence():
+    ledger = privacy_ledger(load_noise_config("laplace"), sequence_length=512, epochs=3, hidden_size=4096)
+    assert (ledger.laplace_scale, ledger.clip_norm) == (0.5, 1.0)
+    assert (ledger.per_token[0].epsilon, ledger.per_token[0].delta) == (256.0, 0.0)  # 2 * 1 * 64 / 0.5
+    assert (ledger.per_sequence[0].epsilon, ledger.per_sequence[0].delta) == (256.0 * 1536, 0.0)
+    assert ledger.expected_noise_norm == pytest.approx(0.5 * math.sqrt(2 * 4096))
+    text = format_ledger(ledger)
+    assert "2C sqrt(d) / b" in text and "L1 distance <= 2C sqrt(d)" in " ".join(text.split())
+
+
+def test_laplace_ledger_needs_the_hidden_size_and_without_clip_norm_is_unbounded():
+    with pytest.raises(ValueError, match="hidden_size=None is invalid with mechanism='laplace' and clip_norm=1.0"):
+        privacy_ledger(load_noise_config("laplace"), sequence_length=8)
+    ledger = privacy_ledger(NoiseConfig(mechanism="laplace"), sequence_length=16)
+    assert not ledger.has_formal_guarantee and ledger.per_sequence[0].epsilon is None
+    assert "without clip_norm" in format_ledger(ledger)
+
+
+@pytest.mark.parametrize("mechanism", [name for name, family in NOISE_FAMILIES.items() if family.accounting is None])
 def test_unclipped_mechanisms_have_no_formal_guarantee(mechanism):
     ledger = privacy_ledger(NoiseConfig(mechanism=mechanism), sequence_length=128, epochs=2)
     assert not ledger.has_formal_guarantee

@@ -10,7 +10,9 @@ from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
 from nemo_noise_plugin.validation import check_bool, check_choice, check_int, check_number
 
-NoiseMechanism = Literal["uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative"]
+NoiseMechanism = Literal[
+    "uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative", "laplace"
+]
 """The rows of ``noise.families.NOISE_FAMILIES``, spelled out for type checkers (a test keeps the two equal)."""
 NoiseScaling = Literal["true_length", "padded_length", "absolute", "embedding_distance"]
 TokenSelection = Literal["all", "prompt", "response"]
@@ -51,7 +53,10 @@ class NoiseConfig:
       calibrated to ``(epsilon, delta)`` at sensitivity ``2C`` (replace one token), ``analytic`` or ``classical``;
     - ``quantization`` (a quantisation proxy): ``z = f(t) * U(-D/2, D/2)^d``, ``D = quantization_step``;
     - ``relative``: ``z = f(t) * rho * rms(x) * N(0, I_d)``, ``rho = relative_scale``, so the noise RMS is
-      ``rho`` times the token's embedding RMS.
+      ``rho`` times the token's embedding RMS;
+    - ``laplace``: ``z = Laplace(0, b)^d``, i.i.d. per coordinate, ``b = laplace_scale`` (standard deviation
+      ``b sqrt(2)``); embeddings are first clipped to norm ``clip_norm`` when it is set, which makes each token
+      release ``2 C sqrt(d) / b``-DP (pure; the L1 distance of two clipped embeddings is at most ``2 C sqrt(d)``).
 
     What each mechanism is (its field, unit noise, scaling, clipping, kernel, attacker model, ledger) is its row of
     ``noise.families.NOISE_FAMILIES``.
@@ -63,7 +68,7 @@ class NoiseConfig:
     enabled: bool = True
     """Off switch: False leaves the model exactly as a plain GPT model."""
     mechanism: NoiseMechanism = "uniform"
-    """One of uniform, gaussian, metric_dp, gaussian_mechanism, quantization, relative (see the class docstring)."""
+    """One of uniform, gaussian, metric_dp, gaussian_mechanism, quantization, relative, laplace (class docstring)."""
     alpha: float = 5.0
     """NEFTune alpha, the magnitude of ``uniform`` noise (the paper uses 5, 10 or 15)."""
     sigma: float = 1.0
@@ -78,7 +83,7 @@ class NoiseConfig:
     eta: float = 100.0
     """metric_dp privacy parameter: larger is less noise (``E|z| = d / eta``), per-token epsilon ``eta * 2C``."""
     clip_norm: float | None = None
-    """Per-token embedding norm bound ``C``; required by gaussian_mechanism, optional for metric_dp."""
+    """Per-token embedding norm bound ``C``; required by gaussian_mechanism, optional for metric_dp and laplace."""
     epsilon: float | None = None
     """gaussian_mechanism per-token epsilon that sets ``sigma_dp``."""
     delta: float = 1e-5
@@ -89,6 +94,8 @@ class NoiseConfig:
     """quantization: the step ``D`` of the uniform quantisation proxy ``U(-D/2, D/2)``."""
     relative_scale: float = 0.1
     """relative: ``rho``, the noise RMS as a fraction of each token's embedding RMS."""
+    laplace_scale: float = 0.01
+    """laplace: ``b``, the per-coordinate scale of the Laplace noise (standard deviation ``b sqrt(2)``)."""
     tokens: TokenSelection = "all"
     """Which tokens get noise: ``all``, ``prompt`` or ``response``."""
     special_token_ids: list[int] = field(default_factory=list)
@@ -194,8 +201,8 @@ class NoiseConfig:
 
     @property
     def magnitude(self) -> float:
-        """The mechanism's base magnitude: alpha, sigma, 1/eta, sigma_dp, quantization_step or relative_scale
-        (distance_multiple for uniform and gaussian under ``embedding_distance`` scaling)."""
+        """The mechanism's base magnitude: alpha, sigma, 1/eta, sigma_dp, quantization_step, relative_scale or
+        laplace_scale (distance_multiple for uniform and gaussian under ``embedding_distance`` scaling)."""
         family = noise_family(self.mechanism)
         if self.scaling == "embedding_distance" and family.length_scaled:
             return float(self.distance_multiple)

@@ -257,6 +257,20 @@ NOISE_FAMILIES: dict[str, NoiseFamily] = {
             sweep_fields=("relative_scale",),
             preset="relative",
         ),
+        NoiseFamily(
+            name="laplace",
+            magnitude_field="laplace_scale",
+            magnitude=lambda config: float(config.laplace_scale),
+            unit="laplace",
+            privacy_mechanism=True,
+            clip="optional",
+            attacker_density="laplace",
+            accounting="laplace",
+            sweep_fields=("laplace_scale",),
+            cli_flag="laplace_scale",
+            cli_help="per-coordinate scale b of laplace noise",
+            preset="laplace",
+        ),
     )
 }
 """Every noise family by name, in the order of ``NoiseConfig``'s ``NoiseMechanism`` literal."""

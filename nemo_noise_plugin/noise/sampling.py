@@ -1,13 +1,16 @@
 """Unit noise from global indices, and the fused "scale the input, add scaled noise" operation (torch reference).
 
-``unit_noise`` turns Philox words (``noise/philox.py``) into standard uniform or Gaussian noise for a ``[s, b, h]``
-block given each row's global token position and each column's global sample index. ``add_noise`` is the one
-operation every mechanism reduces to: ``out = x * input_scale + noise_scale * unit`` per token, computed in float32
-and cast back. On CUDA it dispatches to the fused Triton kernel (``noise/triton_kernel.py``: same Philox words, one
-pass over ``x``); ``add_noise_reference`` is what every other path is tested against.
+``unit_noise`` turns Philox words (``noise/philox.py``) into standard uniform, Gaussian or Laplace noise for a
+``[s, b, h]`` block given each row's global token position and each column's global sample index. ``add_noise`` is
+the one operation every per-coordinate mechanism reduces to: ``out = x * input_scale + noise_scale * unit`` per
+token, computed in float32 and cast back. On CUDA it dispatches to the fused Triton kernel
+(``noise/triton_kernel.py``: same Philox words, one pass over ``x``); ``add_noise_reference`` is what every other
+path is tested against.
 
 Gaussian values use Box-Muller on word pairs: words ``(w0, w1)`` of a counter give ``(r cos t, r sin t)`` with
 ``r = sqrt(-2 ln u(w0))``, ``t = 2 pi u(w1)`` and ``u`` the open-interval uniform map; ``(w2, w3)`` likewise.
+Laplace values invert the CDF of each word's symmetric uniform ``v`` in (-1, 1): ``sign(v) * -ln(1 - |v|)``
+(``|v| <= 1 - 2**-24``, so at most ``24 ln 2 = 16.6``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from nemo_noise_plugin.noise.philox import (
     words_to_symmetric_uniform,
 )
 
-UnitDistribution = Literal["uniform", "gaussian", "exponential"]
+UnitDistribution = Literal["uniform", "gaussian", "laplace", "exponential"]
+AddedDistribution = Literal["uniform", "gaussian", "laplace"]
+"""The unit distributions ``add_noise`` adds (the per-coordinate units of ``noise/families.py``)."""
 
 
 def unit_noise(
@@ -36,7 +41,7 @@ def unit_noise(
     distribution: UnitDistribution,
     stream: int = STREAM_NOISE,
 ) -> torch.Tensor:
-    """Float32 ``[s, b, hidden_size]`` standard noise: U(-1, 1), N(0, 1) or Exp(1).
+    """Float32 ``[s, b, hidden_size]`` standard noise: U(-1, 1), N(0, 1), Laplace(0, 1) or Exp(1).
 
     ``token_position`` is ``[s]`` (or ``[s, b]``) and ``sample_index`` is ``[b]``, both int64 global indices.
     """
@@ -48,13 +53,23 @@ def unit_noise(
     words = element_words(seed, iteration, samples, positions, hidden_size, stream)
     if distribution == "uniform":
         values = words_to_symmetric_uniform(words)
+    elif distribution == "laplace":
+        values = _inverse_laplace_cdf(words_to_symmetric_uniform(words))
     elif distribution == "exponential":
         values = -torch.log(words_to_open_uniform(words))
     elif distribution == "gaussian":
         values = _box_muller(words_to_open_uniform(words))
     else:
-        raise ValueError(f"unknown unit distribution {distribution!r}: expected uniform, gaussian or exponential.")
+        raise ValueError(
+            f"unknown unit distribution {distribution!r}: expected uniform, gaussian, laplace or exponential."
+        )
     return values.view(seq, batch, hidden_size)
+
+
+def _inverse_laplace_cdf(symmetric: torch.Tensor) -> torch.Tensor:
+    """Laplace(0, 1) from U(-1, 1): ``sign(v) * -ln(1 - |v|)``, in float64 (``1 - |v|`` is exact), returned float32."""
+    v = symmetric.to(torch.float64)
+    return torch.copysign(-torch.log1p(-v.abs()), v).to(torch.float32)
 
 
 def _box_muller(uniform: torch.Tensor) -> torch.Tensor:
@@ -74,7 +89,7 @@ def add_noise_reference(
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,
     input_scale: torch.Tensor | None = None,
-    distribution: Literal["uniform", "gaussian"] = "uniform",
+    distribution: AddedDistribution = "uniform",
 ) -> torch.Tensor:
     """``(x * input_scale + noise_scale * unit).to(x.dtype)`` in float32, per token ``[s, b]`` scales.
 
@@ -95,7 +110,7 @@ def add_noise(
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,
     input_scale: torch.Tensor | None = None,
-    distribution: Literal["uniform", "gaussian"] = "uniform",
+    distribution: AddedDistribution = "uniform",
     fused: bool = True,
 ) -> torch.Tensor:
     """``add_noise_reference``'s result; on CUDA with Triton, from the fused one-pass kernel (same Philox words)

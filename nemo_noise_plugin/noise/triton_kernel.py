@@ -7,7 +7,8 @@ writes the result once. The Philox words are made in registers with the counter 
 ``tl.philox`` rounds, written out with one wide multiply per product (tested equal to ``tl.philox`` itself), so
 uniform noise, and with it the whole uniform output, is bit-identical to the torch reference. Gaussian noise uses
 the same Box-Muller pairing in float32 with the hardware sine and cosine (the reference works in float64): it
-agrees to about 1e-5 absolute.
+agrees to about 1e-5 absolute. Laplace noise inverts the CDF of the same symmetric uniform, ``sign(v) * -ln(1 -
+|v|)``, with ``1 - |v|`` exact in float32 and a float32 log (the reference's log is float64): a few 1e-6.
 
 Triton is imported lazily: this module imports on machines without Triton or CUDA, where ``triton_available()`` is
 False and callers use the torch reference.
@@ -51,6 +52,12 @@ def _kernel() -> Any:
         )
 
     @triton.jit
+    def _laplace(k):
+        """Laplace(0, 1) of the symmetric uniform ``v = k * 2**-24`` (``k`` an odd integer held in float32)."""
+        magnitude = -tl.log(1.0 - tl.abs(k) * 5.960464477539063e-08)
+        return tl.where(k < 0, -magnitude, magnitude)
+
+    @triton.jit
     def _mul_wide(a, multiplier: tl.constexpr):
         """High and low 32-bit words of the 64-bit product of uint32 ``a`` and a 32-bit constant."""
         return tl.inline_asm_elementwise(
@@ -79,6 +86,7 @@ def _kernel() -> Any:
         stream,
         HAS_INPUT_SCALE: tl.constexpr,
         GAUSSIAN: tl.constexpr,
+        LAPLACE: tl.constexpr,
         BLOCK_ROWS: tl.constexpr,
         BLOCK_QUADS: tl.constexpr,
         TL_PHILOX: tl.constexpr,
@@ -135,7 +143,11 @@ def _kernel() -> Any:
             n1 = tl.fma((w1 >> 8).to(tl.float32), 2.0, -16777215.0)
             n2 = tl.fma((w2 >> 8).to(tl.float32), 2.0, -16777215.0)
             n3 = tl.fma((w3 >> 8).to(tl.float32), 2.0, -16777215.0)
-            row_scale = noise_scale * 5.960464477539063e-08
+            if LAPLACE:
+                n0, n1, n2, n3 = _laplace(n0), _laplace(n1), _laplace(n2), _laplace(n3)
+                row_scale = noise_scale
+            else:
+                row_scale = noise_scale * 5.960464477539063e-08
         # [R, Q, 2, 2] with [..., k, l] = n(2k + l), flattened row-major: n0, n1, n2, n3 per quad.
         unit = tl.reshape(tl.join(tl.join(n0, n2), tl.join(n1, n3)), (BLOCK_ROWS, 4 * BLOCK_QUADS))
 
@@ -196,6 +208,7 @@ def launch_add_noise(
         stream & _MASK32,
         HAS_INPUT_SCALE=input_scale is not None,
         GAUSSIAN=distribution == "gaussian",
+        LAPLACE=distribution == "laplace",
         BLOCK_ROWS=block_rows,
         BLOCK_QUADS=block_hidden // 4,
         TL_PHILOX=tl_philox,
@@ -232,17 +245,17 @@ def fused_add_noise(
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,
     input_scale: torch.Tensor | None = None,
-    distribution: Literal["uniform", "gaussian"] = "uniform",
+    distribution: Literal["uniform", "gaussian", "laplace"] = "uniform",
 ) -> torch.Tensor:
     """``(x * input_scale + noise_scale * unit).to(x.dtype)`` in one pass on the GPU; see ``add_noise_reference``.
 
     ``x`` is a CUDA ``[s, b, h]`` bf16/fp16/fp32 tensor; ``token_position`` is int64 ``[s]`` and ``sample_index``
     int64 ``[b]`` (global indices); ``noise_scale`` and the optional ``input_scale`` are float32 ``[s, b]``.
-    Uniform noise is bit-identical to the reference; Gaussian agrees to float32 rounding (about 1e-6 absolute).
+    Uniform noise is bit-identical to the reference; Gaussian and Laplace agree to float32 rounding (a few 1e-6).
     Gradients flow to ``x`` (scaled by ``input_scale``); the scales get none.
     """
-    if distribution not in ("uniform", "gaussian"):
-        raise ValueError(f"distribution must be 'uniform' or 'gaussian', got {distribution!r}.")
+    if distribution not in ("uniform", "gaussian", "laplace"):
+        raise ValueError(f"distribution must be 'uniform', 'gaussian' or 'laplace', got {distribution!r}.")
     if x.dim() != 3 or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"x must be a CUDA [s, b, h] bf16/fp16/fp32 tensor: {tuple(x.shape)} {x.dtype} {x.device}.")
     seq, batch, hidden = x.shape

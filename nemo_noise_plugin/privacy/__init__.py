@@ -16,6 +16,7 @@ from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
     compose_zcdp,
     gaussian_zcdp_rho,
+    laplace_epsilon,
     metric_dp_epsilon,
     zcdp_to_dp_epsilon,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "gaussian_mechanism_delta",
     "gaussian_mechanism_epsilon",
     "gaussian_zcdp_rho",
+    "laplace_epsilon",
     "metric_dp_epsilon",
     "zcdp_to_dp_epsilon",
 ]

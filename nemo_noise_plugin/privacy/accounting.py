@@ -5,7 +5,9 @@ Two currencies, each with additive composition:
 - zero-concentrated DP (zCDP, Bun & Steinke 2016) for the Gaussian mechanism: ``rho = D^2 / (2 sigma^2)`` per
   release, rhos add up, and ``zcdp_to_dp_epsilon`` converts the total to (epsilon, delta)-DP;
 - pure epsilon-DP for metric DP (d_chi privacy): noise with density ``~ exp(-eta |z|)`` on inputs at distance at
-  most ``2C`` (embeddings clipped to norm ``C``) is ``eta * 2C``-DP, and epsilons add up.
+  most ``2C`` (embeddings clipped to norm ``C``) is ``eta * 2C``-DP, and for the Laplace mechanism: per-coordinate
+  ``Laplace(0, b)`` noise on inputs at L1 distance at most ``2C sqrt(d)`` (the L1 diameter of the L2 ball of radius
+  ``C`` in ``d`` dimensions) is ``2C sqrt(d) / b``-DP; epsilons add up.
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ def metric_dp_epsilon(eta: float, clip_norm: float) -> float:
     check_positive("metric_dp_epsilon", "eta", eta)
     check_positive("metric_dp_epsilon", "clip_norm", clip_norm)
     return eta * 2.0 * clip_norm
+
+
+def laplace_epsilon(scale: float, clip_norm: float, hidden_size: int) -> float:
+    """Pure epsilon of one per-coordinate Laplace release (scale ``b``) on embeddings clipped to L2 norm ``C``.
+
+    The Laplace mechanism is ``Delta_1 / b``-DP for L1 sensitivity ``Delta_1`` (Dwork & Roth, Theorem 3.6). Two
+    embeddings in the L2 ball of radius ``C`` in ``d`` dimensions are at most ``2C sqrt(d)`` apart in L1 (attained by
+    ``x = C (1, ..., 1) / sqrt(d)`` and ``-x``), so ``epsilon = 2 C sqrt(d) / b``.
+    """
+    check_positive("laplace_epsilon", "scale", scale)
+    check_positive("laplace_epsilon", "clip_norm", clip_norm)
+    if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+        raise ValueError(f"laplace_epsilon: hidden_size={hidden_size!r} is invalid: expected an integer >= 1.")
+    return 2.0 * clip_norm * math.sqrt(hidden_size) / scale
 
 
 def zcdp_to_dp_epsilon(rho: float, delta: float, method: ConversionMethod = "optimal") -> float:

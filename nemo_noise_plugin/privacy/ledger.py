@@ -1,9 +1,9 @@
 """The privacy ledger: what a ``NoiseConfig`` guarantees per token and per sequence, with its assumptions.
 
-Used by ``python -m nemo_noise_plugin.privacy ledger`` and ``nemo noise ledger``. Only ``gaussian_mechanism`` and
-``metric_dp`` with ``clip_norm`` carry a formal (worst-case) guarantee; the ledger of any other configuration
-says why there is none instead of printing a number. A metric_dp config without ``clip_norm`` gets a ledger too
-(its d_chi statement, and no worst-case epsilon), not an error.
+Used by ``python -m nemo_noise_plugin.privacy ledger`` and ``nemo noise ledger``. Only ``gaussian_mechanism``, and
+``metric_dp`` and ``laplace`` with ``clip_norm``, carry a formal (worst-case) guarantee (the families whose row has
+an ``accounting``); the ledger of any other configuration says why there is none instead of printing a number. A
+metric_dp or laplace config without ``clip_norm`` gets a ledger too (no worst-case epsilon), not an error.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
     compose_zcdp,
     gaussian_zcdp_rho,
+    laplace_epsilon,
     metric_dp_epsilon,
     zcdp_to_dp_epsilon,
 )
@@ -61,13 +62,16 @@ class PrivacyLedger:
     """gaussian_mechanism: the calibrated noise standard deviation ``sigma_dp``."""
     eta: float | None = None
     """metric_dp: the d_chi privacy parameter (epsilon per unit L2 distance)."""
+    laplace_scale: float | None = None
+    """laplace: the per-coordinate scale ``b`` (epsilon per unit L1 distance ``1/b``)."""
     token_rho: float | None = None
     """gaussian_mechanism: zCDP of one token release, ``(2C)^2 / (2 sigma^2)``."""
     sequence_rho: float | None = None
     """gaussian_mechanism: zCDP of the sequence, ``L * E * token_rho``."""
     hidden_size: int | None = None
     expected_noise_norm: float | None = None
-    """``E|z|`` of one token's noise given ``hidden_size``: ``d / eta``, or ``sigma sqrt(2) G((d+1)/2) / G(d/2)``."""
+    """``E|z|`` of one token's noise given ``hidden_size``: ``d / eta``, ``sigma sqrt(2) G((d+1)/2) / G(d/2)``, or for
+    Laplace noise its RMS norm ``b sqrt(2 d)`` (``E|z|`` is within ``5 / (8 d)`` below it)."""
 
     @property
     def releases(self) -> int:
@@ -97,8 +101,8 @@ RANDOMNESS = (
 )
 UNCLIPPED = (
     "No formal privacy guarantee: mechanism={mechanism!r} does not clip the embeddings, so the L2 sensitivity of a "
-    "token's embedding is unbounded and no (epsilon, delta) follows; use gaussian_mechanism, or metric_dp with "
-    "clip_norm, for a guarantee."
+    "token's embedding is unbounded and no (epsilon, delta) follows; use gaussian_mechanism, or metric_dp or laplace "
+    "with clip_norm, for a guarantee."
 )
 DISABLED = "No formal privacy guarantee: the noise is disabled (enabled=false); embeddings are released in the clear."
 
@@ -114,7 +118,8 @@ def privacy_ledger(
     """The privacy ledger of ``config`` for sequences of ``sequence_length`` tokens trained on for ``epochs`` epochs.
 
     ``delta`` is the per-sequence delta of the Gaussian mechanism's conversions (default: ``config.delta``);
-    ``hidden_size`` adds the expected noise norm of a privacy mechanism.
+    ``hidden_size`` adds the expected noise norm of a privacy mechanism, and is required by a clipped ``laplace``
+    config, whose epsilon depends on it.
     """
     _check_count("sequence_length", sequence_length)
     _check_count("epochs", epochs)
@@ -207,7 +212,47 @@ def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: 
     )
 
 
-_LEDGERS = {"gaussian": _gaussian_mechanism_ledger, "d_chi": _metric_dp_ledger}
+def _laplace_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: float) -> PrivacyLedger:
+    scale = float(config.laplace_scale)
+    noise_norm = None if base.hidden_size is None else scale * math.sqrt(2.0 * base.hidden_size)
+    base = replace(base, laplace_scale=scale, expected_noise_norm=noise_norm)
+    l1 = (
+        "Laplace mechanism: per-coordinate Laplace(0, b) noise makes the output densities of any two embeddings x, "
+        f"x' differ by at most a factor exp(|x-x'|_1 / b), b = {scale:g}."
+    )
+    if config.clip_norm is None:
+        unbounded = Guarantee(None, 0.0, "epsilon = |x-x'|_1 / b, and |x-x'|_1 has no bound without clip_norm")
+        no_bound = (
+            "No worst-case epsilon: laplace without clip_norm leaves the L1 distance between two tokens' embeddings "
+            "unbounded; set clip_norm for a pure epsilon-DP guarantee."
+        )
+        return replace(
+            base,
+            per_token=(unbounded,),
+            per_sequence=(unbounded,),
+            assumptions=(no_bound, l1, SCOPE, RANDOMNESS, *_coverage(config)),
+        )
+    if base.hidden_size is None:
+        raise ValueError(
+            f"privacy_ledger: hidden_size=None is invalid with mechanism='laplace' and clip_norm={config.clip_norm!r}: "
+            "expected the hidden size d, e.g. hidden_size=4096 (the per-token epsilon 2C sqrt(d) / b depends on it)."
+        )
+    token_epsilon = laplace_epsilon(scale, float(config.clip_norm), base.hidden_size)
+    sequence_epsilon = compose_pure_dp([token_epsilon] * base.releases)
+    clipped = (
+        "Each release clips the embedding to L2 norm C before adding noise, so any two tokens' clipped embeddings "
+        "are at L1 distance <= 2C sqrt(d) whatever the (trained, data-dependent) embedding table; composition over "
+        "epochs treats each epoch's embedding map as given."
+    )
+    return replace(
+        base,
+        per_token=(Guarantee(token_epsilon, 0.0, "pure DP: 2C sqrt(d) / b"),),
+        per_sequence=(Guarantee(sequence_epsilon, 0.0, "pure DP composition: L E 2C sqrt(d) / b"),),
+        assumptions=(SCOPE, l1, clipped, RANDOMNESS, *_coverage(config)),
+    )
+
+
+_LEDGERS = {"gaussian": _gaussian_mechanism_ledger, "d_chi": _metric_dp_ledger, "laplace": _laplace_ledger}
 """The ledger of each accounting (``NoiseFamily.accounting``), called with the config, the common part and the
 per-sequence delta."""
 
@@ -246,10 +291,14 @@ def format_ledger(ledger: PrivacyLedger) -> str:
         rows.append(("sigma_dp", _number(ledger.sigma), f"{ledger.calibration} calibration"))
     if ledger.eta is not None:
         rows.append(("eta", _number(ledger.eta), "epsilon per unit L2 distance"))
+    if ledger.laplace_scale is not None:
+        rows.append(("laplace scale b", _number(ledger.laplace_scale), "per coordinate; 1/b epsilon per unit L1"))
     if ledger.hidden_size is not None:
         rows.append(("hidden size d", str(ledger.hidden_size), ""))
     if ledger.expected_noise_norm is not None:
         note = "d / eta" if ledger.eta is not None else "~ sigma_dp sqrt(d)"
+        if ledger.laplace_scale is not None:
+            note = "~ b sqrt(2d)"
         if ledger.clip_norm is not None:
             note += f"; {ledger.expected_noise_norm / ledger.clip_norm:.4g} x C"
         rows.append(("expected noise norm E|z|", _number(ledger.expected_noise_norm), note))

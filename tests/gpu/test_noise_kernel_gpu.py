@@ -99,6 +99,23 @@ def test_gaussian_unit_noise_matches_reference_to_float32_rounding():
     assert abs(unit.std().item() - 1.0) < 0.01
 
 
+def test_laplace_unit_noise_matches_reference_to_float32_rounding():
+    # The reference inverts the CDF in float64; the kernel in float32 (1 - |v| exact, a float32 log). Values reach
+    # 24 ln 2 = 16.6 (|v| = 1 - 2**-24), where one float32 ulp is ~2e-6.
+    seq, batch, hidden = 64, 2, 2048
+    inputs = _inputs(seq, batch, hidden, torch.float32)
+    inputs["x"] = torch.zeros_like(inputs["x"])
+    inputs["noise_scale"] = torch.ones(seq, batch, device="cuda")
+    unit = _kernel(inputs, "laplace", with_input_scale=False).cpu()
+    expected = unit_noise(
+        SEED, ITERATION, inputs["sample_index"].cpu(), inputs["token_position"].cpu(), hidden, "laplace"
+    )
+    assert torch.isfinite(unit).all()
+    assert ((unit - expected).abs() <= 1e-5 * expected.abs() + 2e-6).all(), (unit - expected).abs().max().item()
+    assert abs(unit.std().item() - 2**0.5) < 0.02
+    assert torch.equal(unit > 0, expected > 0)
+
+
 def test_gaussian_output_matches_reference_in_bf16():
     inputs = _inputs(32, 2, 2048, torch.bfloat16)
     out = _kernel(inputs, "gaussian").cpu().float()
@@ -125,7 +142,7 @@ def test_zero_noise_scale_only_on_chosen_tokens():
     assert (out[3, 0] != inputs["x"][3, 0]).float().mean().item() > 0.99
 
 
-@pytest.mark.parametrize("distribution", ["uniform", "gaussian"])
+@pytest.mark.parametrize("distribution", ["uniform", "gaussian", "laplace"])
 def test_slice_of_tokens_and_samples_equals_slice_of_full_computation(distribution):
     """What TP/SP/CP/DP sharding does: each rank computes its slice with the slice's global indices."""
     inputs = _inputs(96, 4, 1024, torch.bfloat16)
@@ -182,7 +199,7 @@ def test_every_element_is_written():
     assert torch.equal(out.cpu(), _reference(inputs))
 
 
-@pytest.mark.parametrize("distribution", ["uniform", "gaussian"])
+@pytest.mark.parametrize("distribution", ["uniform", "gaussian", "laplace"])
 def test_kernel_philox_rounds_equal_triton_philox(distribution):
     """The kernel's own Philox rounds (one wide multiply per product) give tl.philox's words exactly."""
     inputs = _inputs(40, 2, 768, torch.float32)

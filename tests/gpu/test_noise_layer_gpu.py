@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
@@ -20,6 +21,8 @@ MECHANISMS = {
     "gaussian_mechanism": NoiseConfig(mechanism="gaussian_mechanism", clip_norm=1.0, epsilon=8.0),
     "quantization": NoiseConfig(mechanism="quantization", quantization_step=0.05),
     "relative": NoiseConfig(mechanism="relative", relative_scale=0.1),
+    "laplace": NoiseConfig(mechanism="laplace", laplace_scale=0.05, clip_norm=10.0),
+    **{f"family_{name}": load_noise_config(family.preset) for name, family in NOISE_FAMILIES.items()},
 }
 
 
@@ -47,7 +50,7 @@ def test_cuda_noise_matches_the_cpu_reference(name):
     cpu = _noised(config, x, _inputs("cpu"), clock) - x
     cuda = _noised(config, x.cuda(), _inputs("cuda"), clock).cpu() - x
     scale = cpu.abs().max().item()
-    # Uniform words are bit-identical; Gaussian values go through CUDA's log/cos instead of the CPU's.
+    # Uniform words are bit-identical; Gaussian and Laplace values go through CUDA's log/cos instead of the CPU's.
     assert torch.allclose(cuda, cpu, rtol=0, atol=1e-5 * scale + 1e-6), (cuda - cpu).abs().max().item()
     assert torch.equal(cuda == 0, cpu == 0), "the same tokens are noised"
 

@@ -329,9 +329,9 @@ def _main_job_cases() -> list[BadInput]:
         ),
         BadInput(
             "python -m nemo_noise_plugin",
-            "--mechanism laplace",
-            _main_job("--mechanism", "laplace"),
-            ("--mechanism", "laplace"),
+            "--mechanism cauchy",
+            _main_job("--mechanism", "cauchy"),
+            ("--mechanism", "cauchy"),
         ),
         BadInput(
             "python -m nemo_noise_plugin", "--scaling padded", _main_job("--scaling", "padded"), ("--scaling", "padded")
@@ -395,9 +395,9 @@ def _finetune_cases() -> list[BadInput]:
         BadInput(surface, "model.noise.alpah=3", _finetune("model.noise.alpah=3"), ("model.noise.alpah",)),
         BadInput(
             surface,
-            "model.noise.mechanism=laplace",
-            _finetune("model.noise.mechanism=laplace"),
-            ("model.noise.mechanism", "laplace"),
+            "model.noise.mechanism=cauchy",
+            _finetune("model.noise.mechanism=cauchy"),
+            ("model.noise.mechanism", "cauchy"),
         ),
         BadInput(surface, "model.noise=5", _finetune("model.noise=5"), ("model.noise",)),
         BadInput(
@@ -657,7 +657,7 @@ def _preset_cases() -> list[BadInput]:
         ),
         BadInput("load_noise_config (YAML)", "alpha: -1", _preset("alpha: -1\n"), ("alpha", "-1")),
         BadInput("load_noise_config (YAML)", "alpha: .nan", _preset("alpha: .nan\n"), ("alpha", "nan")),
-        BadInput("load_noise_config (YAML)", "mechanism: laplace", _preset("mechanism: laplace\n"), ("mechanism",)),
+        BadInput("load_noise_config (YAML)", "mechanism: cauchy", _preset("mechanism: cauchy\n"), ("mechanism",)),
         BadInput("load_kd_config (YAML)", "temperature: 0", _preset("temperature: 0\n", "kd"), ("temperature",)),
         BadInput("load_kd_config (YAML)", "unknown field", _preset("temprature: 2\n", "kd"), ("temprature",)),
         BadInput("load_kd_config (YAML)", "syntax error", _preset("loss: [\n", "kd"), ("not valid YAML",)),

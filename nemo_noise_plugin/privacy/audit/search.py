@@ -40,10 +40,11 @@ class Scoring:
 
     ``l2``: minus the squared distance; ``cosine``: cosine similarity; ``gaussian``: ``-|y - e|^2 / (2 s^2)``;
     ``relative``: the Gaussian log-likelihood with std ``s * rms(e)``; ``metric_dp``: ``-eta |y - e|`` (the d_chi
-    density). ``scale`` holds the per-query ``s`` or ``eta``; rows are clipped to ``clip_norm`` first when set.
+    density); ``laplace``: ``-|y - e|_1 / b`` (per-coordinate Laplace). ``scale`` holds the per-query ``s``, ``eta``
+    or ``b``; rows are clipped to ``clip_norm`` first when set.
     """
 
-    kind: Literal["l2", "cosine", "gaussian", "relative", "metric_dp"]
+    kind: Literal["l2", "cosine", "gaussian", "relative", "metric_dp", "laplace"]
     clip_norm: float | None = None
     scale: torch.Tensor | None = None
 
@@ -68,6 +69,8 @@ def _scores(scoring: Scoring, queries: torch.Tensor, rows: torch.Tensor, index: 
     """``[n, v]`` scores of the query chunk ``queries`` (rows ``index`` of all queries) against prepared rows."""
     if scoring.kind == "cosine":
         return F.normalize(queries, dim=-1, eps=TINY) @ rows.t()
+    if scoring.kind == "laplace":
+        return -torch.cdist(queries, rows, p=1.0) / scoring.scale[index].unsqueeze(1)
     squared = _squared_distances(queries, rows)
     if scoring.kind == "l2":
         return -squared
