@@ -48,9 +48,11 @@ def test_the_sft_recipe_is_autobridges_smollm2_as_a_noisy_provider_on_the_instru
     builders = import_bridge("megatron.bridge.data.builders.gpt_sft")
     assert isinstance(sft_config.dataset, builders.GPTSFTDatasetConfig)
     assert sorted(p.name for p in Path(sft_config.dataset.dataset_root).glob("*.jsonl")) == [
+        "test.jsonl",  # read by the task report only (the recipe's dataset has do_test=False)
         "training.jsonl",
         "validation.jsonl",
     ]
+    assert sft_config.dataset.do_test is False
     assert sft_config.tokenizer.tokenizer_model == str(smollm2_hf_dir)
     assert (sft_config.optimizer.clip_grad, sft_config.scheduler.lr_warmup_iters) == (1.0, 2)
 
