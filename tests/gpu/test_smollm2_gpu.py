@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 STEPS, STOP = 100, 50
@@ -33,16 +35,6 @@ EXACT_MATCH_GAIN = {"smollm2_135m_noise_sft": 0.3, "smollm2_135m_noise_distillat
 lower: its teacher is the *pretrained* model (a frozen copy of the start), whose KL term pulls the student back
 towards the pretrained model's own answers (0.166 on the H200 against SFT's 0.502; tests/gpu/RESULTS.md)."""
 PROGRESS = re.compile(r"^\s*(\d+)/(\d+)\s+([0-9.]+)\s+(\S+)\s+(\d+)\s*$", re.MULTILINE)
-
-
-@pytest.fixture(scope="module")
-def smollm2_folder() -> Path:
-    from nemo_noise_plugin.pretrained import PretrainedModelUnavailable, ensure_smollm2_hf
-
-    try:
-        return ensure_smollm2_hf()
-    except PretrainedModelUnavailable as error:
-        pytest.skip(f"SmolLM2-135M-Instruct unavailable: {error}")
 
 
 def _keep(name: str, result: subprocess.CompletedProcess, folder: Path | None = None) -> None:
@@ -75,7 +67,7 @@ def _kd_losses(stdout: str) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("recipe", ["smollm2_135m_noise_sft", "smollm2_135m_noise_distillation"])
-def test_recipe_trains_through_bridge_reports_exports_and_resumes(recipe, smollm2_folder, tmp_path):
+def test_recipe_trains_through_bridge_reports_exports_and_resumes(recipe, smollm2_hf_dir, tmp_path):  # noqa: F811
     common = ("-m", "nemo_noise_plugin", "--recipe", recipe, "--steps", str(STEPS), "--no-control")
     whole_dir, stopped_dir = tmp_path / "whole", tmp_path / "stopped"
     whole = _run(f"{recipe}.whole", *common, "--output-dir", str(whole_dir))
@@ -115,7 +107,7 @@ def test_recipe_trains_through_bridge_reports_exports_and_resumes(recipe, smollm
     assert max(differences) < 2e-2, differences  # the GPU's non-deterministic reductions, not other data or noise
 
 
-def test_finetune_command_trains_the_sft_recipe_through_bridge(smollm2_folder, tmp_path):
+def test_finetune_command_trains_the_sft_recipe_through_bridge(smollm2_hf_dir, tmp_path):  # noqa: F811
     """The path ``nemo llm finetune -f smollm2_135m_noise_sft`` takes, which crashed before step 1 at 62da161."""
     result = _run(
         "finetune_command",
