@@ -32,7 +32,7 @@ from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.distillation.pipeline_teacher import attach_teacher_pipe, build_teacher_pipes
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
-from nemo_noise_plugin.distillation.teacher_weights import attach_teacher
+from nemo_noise_plugin.distillation.teacher_weights import attach_teacher, check_teacher_checkpoint
 from nemo_noise_plugin.model.make_noisy import make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.schedule_plan.plan_mixin import use_plugin_schedule_plan
@@ -83,6 +83,10 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
     """Distillation settings (loss, temperature, weights, tokens, hidden-state matching)."""
     teacher_shares_frozen_modules: bool = False
     """Share the student's fully frozen submodules with the teacher instead of copying them (saves their memory)."""
+    teacher_checkpoint: str | None = None
+    """Distil from these weights instead of the student's start weights: a Megatron checkpoint (a run's
+    ``checkpoints`` folder or one ``iter_*`` folder of it, e.g. a clean fine-tuned model) or a Hugging Face folder of
+    the same architecture. Loaded into the teacher at the first distillation step, also after a resume."""
 
     def finalize(self) -> None:
         """Bridge's checks, plus the distillation constraints (before any GPU memory is touched)."""
@@ -93,6 +97,7 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
         """Reject settings the distillation path does not support, naming the setting and the value."""
         if not isinstance(self.kd, KDConfig):
             raise TypeError(f"NoisyDistillationProvider.kd must be a KDConfig, got {type(self.kd).__name__}.")
+        check_teacher_checkpoint(self.teacher_checkpoint)
         if not self.kd.enabled:
             return
         if (self.pipeline_model_parallel_size or 1) > 1 and self.kd.hidden_loss != "none":

@@ -247,3 +247,45 @@ def test_after_a_resume_the_teacher_reloads_a_megatron_pretrained_checkpoint(bri
     assert source.startswith("Megatron checkpoint") and source.endswith("iter_0000003")
     for (name, expected), actual in zip(pretrained.named_parameters(), teacher.parameters(), strict=True):
         assert torch.equal(actual, expected), name
+
+
+def test_teacher_checkpoint_gives_the_teacher_other_weights_than_the_student_at_iteration_0(bridge, tmp_path):
+    """KD from a clean fine-tuned teacher: with ``teacher_checkpoint`` the teacher is loaded from that checkpoint,
+    not copied from the student, already at iteration 0 (and after a resume alike)."""
+    from megatron.core import dist_checkpointing
+
+    from nemo_noise_plugin.distillation.teacher_weights import attached_teacher, settle_teacher_weights
+
+    provider = _provider(NoiseConfig(alpha=10.0))
+    (fine_tuned,) = _model(provider)
+    with torch.no_grad():
+        for parameter in fine_tuned.parameters():
+            parameter.add_(0.5)  # the "fine-tuned" teacher: not the student's start weights
+    folder = tmp_path / "plain_run" / "iter_0000040"
+    folder.mkdir(parents=True)
+    dist_checkpointing.save({"model": fine_tuned.sharded_state_dict()}, str(folder))
+
+    provider.teacher_checkpoint = str(folder)
+    provider.validate_distillation()
+    for step in (0, 9):
+        (student,) = _model(provider)
+        state = _state(bridge, provider, step=step)
+        source = settle_teacher_weights(state, student, attached_teacher(student))
+        assert source == f"Megatron checkpoint {folder}"
+        teacher = attached_teacher(student)
+        for (name, expected), actual, own in zip(
+            fine_tuned.named_parameters(), teacher.parameters(), student.parameters(), strict=True
+        ):
+            assert torch.equal(actual, expected), name
+            assert not torch.equal(actual, own), f"{name}: the teacher must not be the student's weights"
+
+
+@pytest.mark.parametrize("path", ["", 5, "/no/such/teacher"])
+def test_teacher_checkpoint_must_name_a_folder(path):
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
+
+    provider = NoisyDistillationProvider(
+        **{**TINY_CPU_TRANSFORMER_SETTINGS, "vocab_size": 256, "seq_length": SEQ}, teacher_checkpoint=path
+    )
+    with pytest.raises(ValueError, match="NoisyDistillationProvider.teacher_checkpoint=.* is invalid"):
+        provider.validate_distillation()

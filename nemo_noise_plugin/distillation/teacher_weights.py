@@ -6,6 +6,8 @@ wrapped (``setup()``). So the teacher is made in two steps:
 
 1. ``NoisyDistillationProvider.provide_distributed_model`` snapshots the wrapped student (HF or initial weights);
 2. the first ``distillation_forward_step`` call settles it, after every load has happened:
+   - with ``teacher_checkpoint`` set on the provider (a clean fine-tuned model, say), the teacher is loaded from
+     it (Megatron or HF format), at iteration 0 and after a resume alike;
    - at iteration 0 the student has not trained yet and holds exactly the weights to distil from (pretrained
      checkpoint, HF or initial): they are copied into the teacher;
    - after a resume the student holds fine-tuned weights, so the teacher is reloaded from
@@ -89,30 +91,54 @@ def ready_teacher(state: Any, model: nn.Module) -> nn.Module:
     return teacher
 
 
+def check_teacher_checkpoint(path: object) -> None:
+    """``teacher_checkpoint`` is None or an existing folder; ``ValueError`` naming the setting otherwise."""
+    if path is None:
+        return
+    if not isinstance(path, str | os.PathLike) or not str(path).strip():
+        raise ValueError(
+            f"NoisyDistillationProvider.teacher_checkpoint={path!r} is invalid: expected None or the path of a "
+            "Megatron checkpoint folder (a run's checkpoints/ or one iter_* folder) or a Hugging Face model folder."
+        )
+    if not os.path.isdir(path):
+        raise ValueError(
+            f"NoisyDistillationProvider.teacher_checkpoint={os.fspath(path)!r} is invalid: no such folder (expected a "
+            "Megatron checkpoint folder, a run's checkpoints/ or one iter_* folder, or a Hugging Face model folder)."
+        )
+
+
 def settle_teacher_weights(state: Any, student: nn.Module, teacher: nn.Module) -> str:
     """Give the teacher the weights to distil from; returns where they came from (for the log)."""
+    given = getattr(state.cfg.model, "teacher_checkpoint", None)
+    if given is not None:
+        return load_teacher_weights(state, teacher, os.fspath(given), "model.teacher_checkpoint")
     if state.train_state.step == 0:
         copy_student_into_teacher(student, teacher)
         return "student at iteration 0"
     pretrained = getattr(state.cfg.checkpoint, "pretrained_checkpoint", None)
     if pretrained is None:
         return "snapshot taken when the model was built (HF or initial weights)"
+    return load_teacher_weights(state, teacher, pretrained, "checkpoint.pretrained_checkpoint")
+
+
+def load_teacher_weights(state: Any, teacher: nn.Module, path: str, setting: str) -> str:
+    """Load the weights at ``path`` (HF folder or Megatron checkpoint) into ``teacher``; returns their source."""
     checkpointing = import_bridge("megatron.bridge.training.checkpointing")
-    if checkpointing.is_hf_checkpoint_dir(pretrained):
-        bridge = checkpointing._build_auto_bridge_for_save(state.cfg, hf_source=pretrained)
-        bridge.load_hf_weights([teacher], hf_path=pretrained)
-        return f"HF checkpoint {pretrained}"
-    iteration_dir = _iteration_dir(checkpointing, pretrained)
+    if checkpointing.is_hf_checkpoint_dir(path):
+        bridge = checkpointing._build_auto_bridge_for_save(state.cfg, hf_source=path)
+        bridge.load_hf_weights([teacher], hf_path=path)
+        return f"HF checkpoint {path}"
+    iteration_dir = _iteration_dir(checkpointing, path, setting)
     checkpointing._load_model_weights_from_checkpoint(
         iteration_dir, [teacher], dist_ckpt_strictness=state.cfg.checkpoint.dist_ckpt_strictness
     )
     return f"Megatron checkpoint {iteration_dir}"
 
 
-def _iteration_dir(checkpointing: Any, base: str) -> str:
+def _iteration_dir(checkpointing: Any, base: str, setting: str = "checkpoint.pretrained_checkpoint") -> str:
     iteration, release = checkpointing._resolve_checkpoint_iteration(base, None)
     if iteration == -1:
-        raise FileNotFoundError(f"checkpoint.pretrained_checkpoint={base!r}: no checkpoint found there.")
+        raise FileNotFoundError(f"{setting}={base!r}: no checkpoint found there.")
     if iteration == getattr(checkpointing, "_DIRECT_ITERATION_DIR_SENTINEL", object()):
         return base
     return os.fspath(checkpointing.get_checkpoint_name(base, iteration, release=release))
