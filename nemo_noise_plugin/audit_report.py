@@ -4,8 +4,11 @@
 tiny Megatron-Core GPT on the CPU, offline, with the held-out loss measured like ``robustness.robustness_curve``:
 a frozen copy made noisy, in eval mode) and ``smollm2_target`` (the real SmolLM2-135M-Instruct table, read from its
 safetensors, with transformers' model on the CPU for the held-out loss, noise added to ``inputs_embeds`` by the
-plugin's noise layer, and for the LM prior). ``run_audit_report`` is what ``nemo noise audit`` runs;
-``PrivacyAuditCallback`` audits the current embedding table of a training run (Megatron-Bridge callback).
+plugin's noise layer, and for the LM prior). What is audited is ``data``: the model's default text (the corpus, or
+the shipped validation chats for SmolLM2), a uniform sample of the vocabulary (``uniform``) or a JSONL file of the
+user's own chats or texts (``audit_data_rows``). ``read_run_folder`` reads a training run folder (its HF export, its
+noise config as trained, its data) for ``nemo noise audit run=``. ``run_audit_report`` is what ``nemo noise audit``
+runs; ``PrivacyAuditCallback`` audits the current embedding table of a training run (Megatron-Bridge callback).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.corpus import CORPUS_VOCAB_SIZE, END_OF_DOCUMENT, corpus_documents, load_corpus_tokens
+from nemo_noise_plugin.evaluation import input_embedding_table
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit import audit
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
@@ -30,15 +34,29 @@ from nemo_noise_plugin.robustness import held_out_batches, logits_of
 
 __all__ = [
     "AUDIT_CHATS",
+    "AUDIT_DATA",
     "MODELS",
     "AuditTarget",
     "PrivacyAuditCallback",
+    "TrainedRun",
+    "audit_data_rows",
+    "check_audit_data",
+    "check_hf_dir",
+    "read_run_folder",
     "run_audit_report",
     "smollm2_target",
     "tiny_target",
 ]
 
 MODELS: tuple[str, ...] = ("tiny", "smollm2")
+AUDIT_DATA: dict[str, str] = {
+    "corpus": "the embedded corpus (model=tiny's default)",
+    "validation": "the shipped validation chats (model=smollm2's default without run=)",
+    "uniform": "a seeded uniform sample of the vocabulary's ids, special ids excluded",
+}
+"""The named sources of audited tokens (``data=``); any other value is the path of a JSONL file."""
+DATA_SEED = 1234
+"""The seed of ``data=uniform``'s sample."""
 TINY_AUDIT_MODEL = dict(num_layers=2, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=4)
 """The offline audit model: a randomly initialised tiny GPT (byte vocabulary of the embedded corpus)."""
 
@@ -59,6 +77,8 @@ class AuditTarget:
     task_loss_note: str = ""
     task_exact_match: TaskLoss | None = None
     """``config -> held-out exact match`` (fraction) with that noise, where the model has a task metric."""
+    data: str = ""
+    """Where the audited tokens come from, in words (the report's ``data``)."""
 
 
 def _padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,7 +91,9 @@ def _padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tens
     return tokens, padding
 
 
-def _take_tokens(sequences: Sequence[Sequence[int]], count: int, max_length: int) -> list[list[int]]:
+def _take_tokens(
+    sequences: Sequence[Sequence[int]], count: int, max_length: int, what: str = "the held-out text"
+) -> list[list[int]]:
     """Sequences (each cut to ``max_length``) in order until they hold ``count`` tokens (the last one cut)."""
     chosen, total = [], 0
     for sequence in sequences:
@@ -81,7 +103,203 @@ def _take_tokens(sequences: Sequence[Sequence[int]], count: int, max_length: int
             total += len(piece)
         if total >= count:
             return chosen
-    raise ValueError(f"tokens={count} is invalid: the held-out text has only {total} tokens; expected fewer.")
+    raise ValueError(
+        f"tokens={count} is invalid: {what} has only {total} tokens (in pieces of max_length={max_length}); "
+        "expected at most that many."
+    )
+
+
+def _uniform_sequences(eligible: Sequence[int], count: int, max_length: int) -> list[list[int]]:
+    """``count`` ids drawn from ``eligible`` without replacement (a new permutation once all are used; seeded with
+    ``DATA_SEED``), in rows of ``max_length``."""
+    generator = torch.Generator().manual_seed(DATA_SEED)
+    pool = torch.as_tensor(list(eligible), dtype=torch.long)
+    drawn = torch.cat([pool[torch.randperm(len(pool), generator=generator)] for _ in range(-(-count // len(pool)))])
+    ids = drawn[:count].tolist()
+    return [ids[start : start + max_length] for start in range(0, count, max_length)]
+
+
+# What is audited: named sources and the user's JSONL files
+
+
+def check_audit_data(data: str, model: str) -> str:
+    """``data`` checked for ``model``: a name of ``AUDIT_DATA`` that the model has, or the path of a readable JSONL
+    file whose rows ``audit_data_rows`` accepts; ``ValueError`` naming the setting, the value and what is allowed."""
+    allowed = ("corpus", "uniform") if model == "tiny" else ("validation", "uniform")
+    if data in AUDIT_DATA:
+        if data not in allowed:
+            raise ValueError(
+                f"data={data!r} is invalid with model={model}: expected {', '.join(allowed)} or a JSONL file."
+            )
+        return data
+    if model == "tiny":
+        raise ValueError(
+            f"data={data!r} is invalid with model=tiny: expected {' or '.join(allowed)} (the tiny model has no "
+            "tokenizer for a JSONL file; audit a JSONL file with model=smollm2 or run=)."
+        )
+    audit_data_rows(data)
+    return data
+
+
+def audit_data_rows(path: str) -> list[dict[str, Any]]:
+    """The rows of a JSONL file of audited text, checked: ``{"messages": [{"role", "content"}, ...]}`` (the shipped
+    instruction format, rendered with the model's chat template), ``{"input", "output"}`` (input, a space, output)
+    or ``{"text"}``; ``ValueError`` naming ``data=``, the line and what is expected."""
+    file = Path(path).expanduser()
+    expected = 'expected a JSONL file of {"messages": [...]}, {"input", "output"} or {"text"} rows'
+    if not file.is_file():
+        reason = "it is a folder" if file.is_dir() else "no such file"
+        raise ValueError(f"data={path!r} is invalid: {reason}; {expected} (or one of {', '.join(AUDIT_DATA)}).")
+    rows = []
+    with open(file, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"data={path!r} is invalid at line {number}: not JSON ({error.msg}); {expected}."
+                ) from None
+            if not _is_audit_row(row):
+                raise ValueError(f"data={path!r} is invalid at line {number}: {line.strip()[:80]!r}; {expected}.")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"data={path!r} is invalid: the file has no rows; {expected}.")
+    return rows
+
+
+def _is_audit_row(row: Any) -> bool:
+    if not isinstance(row, dict):
+        return False
+    if "messages" in row:
+        messages = row["messages"]
+        return (
+            isinstance(messages, list)
+            and bool(messages)
+            and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages
+            )
+        )
+    if "text" in row:
+        return isinstance(row["text"], str) and bool(row["text"])
+    return isinstance(row.get("input"), str) and isinstance(row.get("output"), str)
+
+
+def _row_text(row: dict[str, Any], tokenizer: Any) -> str:
+    if "messages" in row:
+        return tokenizer.apply_chat_template(row["messages"], tokenize=False)
+    if "text" in row:
+        return row["text"]
+    return f"{row['input']} {row['output']}"
+
+
+# A training run folder (nemo noise audit run=...)
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """A training run folder as ``nemo noise audit run=`` audits it: its HF export and its noise as trained.
+
+    Read by ``read_run_folder`` from the folder a SmolLM2 recipe or the main job trains into (``<dir>/<recipe>``):
+    ``reports/latest/hf`` (``evaluation.TaskReport``'s export), the noise config from ``reports/latest/
+    task_report.json`` (its ``run``) or else from the newest Bridge checkpoint's ``checkpoints/iter_*/
+    run_config.yaml``, and the run's data (``data/training.jsonl``, ``data/validation.jsonl``).
+    """
+
+    folder: Path
+    hf_dir: Path
+    noise: NoiseConfig
+    """The noise config the run trained with."""
+    noise_source: str
+    """The file it was read from."""
+    sequence_length: int | None = None
+    epochs: int | None = None
+    training_data: Path | None = None
+    validation_data: Path | None = None
+
+    @property
+    def noise_at_inference(self) -> NoiseConfig:
+        """The run's noise at its full level in eval mode (constant schedule, no warm-up): what is audited."""
+        return dataclasses.replace(self.noise, training_only=False, schedule="constant", warmup_steps=0)
+
+
+def read_run_folder(run: str) -> TrainedRun:
+    """The ``TrainedRun`` of the folder ``run``; one ``ValueError`` naming ``run=``, the value and what was expected
+    when the folder lacks the export or a noise config. Reads JSON and YAML only (no model is loaded). Example::
+
+        trained = read_run_folder("nemo_experiments/smollm2_135m_noise_sft")
+        trained.noise.mechanism, trained.hf_dir
+    """
+    folder = Path(run).expanduser()
+    if not folder.is_dir():
+        raise ValueError(
+            f"run={run!r} is invalid: {'not a folder' if folder.exists() else 'no such folder'}; expected a training "
+            "run folder (the folder a SmolLM2 recipe trains into, e.g. <output-dir>/smollm2_135m_noise_sft)."
+        )
+    hf_dir = folder / "reports" / "latest" / "hf"
+    missing = [name for name in ("config.json", "model.safetensors", "tokenizer.json") if not (hf_dir / name).is_file()]
+    if missing:
+        raise ValueError(
+            f"run={run!r} is invalid: expected its trained model's Hugging Face export in reports/latest/hf (written "
+            f"by the SmolLM2 recipes' task report at the end of training); missing {', '.join(missing)} there."
+        )
+    noise, source, settings = _run_noise(folder, run)
+    data = folder / "data"
+    training = data / "training.jsonl"
+    epochs = settings.get("epochs")
+    if epochs is None and settings.get("samples") and training.is_file():
+        examples = sum(1 for line in training.read_text().splitlines() if line.strip())
+        epochs = max(1, -(-settings["samples"] // examples)) if examples else None
+    return TrainedRun(
+        folder=folder,
+        hf_dir=hf_dir,
+        noise=noise,
+        noise_source=source,
+        sequence_length=settings.get("seq_length"),
+        epochs=epochs,
+        training_data=training if training.is_file() else None,
+        validation_data=data / "validation.jsonl" if (data / "validation.jsonl").is_file() else None,
+    )
+
+
+def _run_noise(folder: Path, run: str) -> tuple[NoiseConfig, str, dict[str, Any]]:
+    """The run's noise config, the file it came from, and the ledger's settings (seq_length, epochs or samples)."""
+    from nemo_noise_plugin.yaml_files import load_yaml_file
+
+    report = folder / "reports" / "latest" / "task_report.json"
+    if report.is_file():
+        saved = json.loads(report.read_text()).get("run") or {}
+        if isinstance(saved.get("noise"), dict):
+            settings = {key: saved.get(key) for key in ("seq_length", "epochs")}
+            return _noise_from(saved["noise"], run, report), str(report), settings
+    checkpoints = sorted(
+        (folder / "checkpoints").glob("iter_*/run_config.yaml"), key=lambda path: path.parent.name, reverse=True
+    )
+    for path in checkpoints:
+        config = load_yaml_file(path, what="a ConfigContainer mapping, as ConfigContainer.to_yaml writes it")
+        model, dataset, train = (config.get(name) or {} for name in ("model", "dataset", "train"))
+        if isinstance(model.get("noise"), dict):
+            settings = {
+                "seq_length": dataset.get("seq_length") or model.get("seq_length"),
+                "samples": int(train.get("train_iters") or 0) * int(train.get("global_batch_size") or 0),
+            }
+            return _noise_from(model["noise"], run, path), str(path), settings
+    raise ValueError(
+        f"run={run!r} is invalid: no noise config found; expected reports/latest/task_report.json with its 'run' "
+        "section (written by the task report) or a Bridge checkpoint's checkpoints/iter_*/run_config.yaml with "
+        "model.noise."
+    )
+
+
+def _noise_from(fields: dict[str, Any], run: str, path: Path) -> NoiseConfig:
+    known = {field.name for field in dataclasses.fields(NoiseConfig)}
+    values = {key: value for key, value in fields.items() if key in known}
+    try:
+        return NoiseConfig(**values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"run={run!r} is invalid: the noise config in {path} is not valid: {error}") from None
 
 
 # The tiny Megatron-Core GPT
@@ -137,16 +355,28 @@ def _tiny_task_loss(model: torch.nn.Module, batches: list[dict[str, torch.Tensor
     return task_loss
 
 
-def tiny_target(tokens: int = 2000, max_length: int = 64, task_sequences: int = 16, seed: int = 1234) -> AuditTarget:
+def tiny_target(
+    tokens: int = 2000, max_length: int = 64, task_sequences: int = 16, seed: int = 1234, data: str = "corpus"
+) -> AuditTarget:
     """A randomly initialised tiny GPT (``TINY_AUDIT_MODEL``, vocabulary 257: bytes + end of document) on the
     embedded corpus (3,298 byte tokens): the held-out loss uses its last ``task_sequences`` windows of
-    ``max_length + 1`` tokens, the audit consecutive ``max_length`` windows from its start."""
+    ``max_length + 1`` tokens, the audit consecutive ``max_length`` windows from its start (``data="corpus"``) or
+    a uniform sample of the 256 byte ids (``data="uniform"``)."""
+    check_audit_data(data, "tiny")
     model = _tiny_gpt(seed)
     corpus = load_corpus_tokens()
     held_out = corpus[corpus.numel() - task_sequences * (max_length + 1) :].view(task_sequences, max_length + 1)
-    available = corpus[: corpus.numel() - held_out.numel()].tolist()
-    windows = [available[start : start + max_length] for start in range(0, len(available), max_length)]
-    token_ids, padding = _padded(_take_tokens(windows, tokens, max_length), END_OF_DOCUMENT)
+    if data == "uniform":
+        sequences = _uniform_sequences(
+            [i for i in range(CORPUS_VOCAB_SIZE) if i != END_OF_DOCUMENT], tokens, max_length
+        )
+        described = f"{AUDIT_DATA['uniform']} ({CORPUS_VOCAB_SIZE - 1} ids, seed {DATA_SEED})"
+    else:
+        available = corpus[: corpus.numel() - held_out.numel()].tolist()
+        windows = [available[start : start + max_length] for start in range(0, len(available), max_length)]
+        sequences = _take_tokens(windows, tokens, max_length, "the embedded corpus")
+        described = AUDIT_DATA["corpus"]
+    token_ids, padding = _padded(sequences, END_OF_DOCUMENT)
     batch = {
         **_megatron_batch(held_out[:, :-1]),
         "labels": held_out[:, 1:],
@@ -166,6 +396,7 @@ def tiny_target(tokens: int = 2000, max_length: int = 64, task_sequences: int = 
         task_loss=_tiny_task_loss(model, [batch]),
         lm_log_probs=lm_log_probs,
         task_loss_note=f"held-out loss of the random tiny GPT on {task_sequences} corpus windows (noise on, eval mode)",
+        data=described,
     )
 
 
@@ -176,26 +407,39 @@ AUDIT_CHATS = 80
 scores: the 80 it audited before the set grew to 440, so its cost and its numbers stay comparable."""
 
 
-def _chat_texts(tokenizer: Any) -> list[list[int]]:
-    """Token ids of the first ``AUDIT_CHATS`` shipped validation chats in the chat template, else the corpus lines."""
+def _validation_chats(held_out: str | os.PathLike[str] | None = None) -> list[dict[str, Any]] | None:
+    """The first ``AUDIT_CHATS`` chats of ``held_out`` (a JSONL file), else of the shipped validation split; None
+    when neither is there."""
     from importlib import resources
 
     path = resources.files("nemo_noise_plugin").joinpath("data/instructions/validation.jsonl")
-    if path.is_file():
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:AUDIT_CHATS]
+    if held_out is not None:
+        path = Path(held_out)
+    if not path.is_file():
+        return None
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [record for record in records if "messages" in record][:AUDIT_CHATS]
+
+
+def _chat_texts(tokenizer: Any, held_out: str | os.PathLike[str] | None = None) -> list[list[int]]:
+    """Token ids of the first ``AUDIT_CHATS`` validation chats (``held_out``'s, else the shipped split's) in the chat
+    template, else the corpus lines."""
+    records = _validation_chats(held_out)
+    if records:
         texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in records]
         return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
     return [tokenizer(bytes(doc[:-1]).decode("utf-8", "replace"))["input_ids"] for doc in corpus_documents()]
 
 
-def _answer_spans(tokenizer: Any) -> tuple[list[list[int]], list[tuple[int, int]]]:
-    """The first ``AUDIT_CHATS`` validation chats as token ids and, for each, the span ``[start, end)`` of the
-    reference answer and its end-of-turn token (what greedy decoding must produce for an exact match)."""
-    from nemo_noise_plugin.instructions import instruction_examples
-
+def _answer_spans(
+    tokenizer: Any, held_out: str | os.PathLike[str] | None = None
+) -> tuple[list[list[int]], list[tuple[int, int]]]:
+    """The first ``AUDIT_CHATS`` validation chats (``held_out``'s, else the shipped split's) as token ids and, for
+    each, the span ``[start, end)`` of the reference answer and its end-of-turn token (what greedy decoding must
+    produce for an exact match)."""
     sequences, spans = [], []
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    for example in instruction_examples("validation")[:AUDIT_CHATS]:
+    for example in _validation_chats(held_out) or []:
         messages = example["messages"]
         prompt_text = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
         full = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
@@ -207,13 +451,20 @@ def _answer_spans(tokenizer: Any) -> tuple[list[list[int]], list[tuple[int, int]
     return sequences, spans
 
 
-def _task_exact_match(model: Any, table: torch.Tensor, tokenizer: Any) -> TaskLoss:
+def _task_exact_match(
+    model: Any, table: torch.Tensor, tokenizer: Any, held_out: str | os.PathLike[str] | None = None
+) -> TaskLoss:
     """Held-out exact match of transformers' ``model`` with the noise on its input embeddings: an answer counts when
     the argmax at every answer position (teacher-forced) is the reference token, i.e. greedy decoding reproduces
     the answer and then ends the turn (as ``evaluation.exact_match`` computes it for Megatron models)."""
     from nemo_noise_plugin.privacy.audit import noised_embeddings
 
-    sequences, spans = _answer_spans(tokenizer)
+    sequences, spans = _answer_spans(tokenizer, held_out)
+    if not sequences:
+        raise ValueError(
+            f"held-out chats {held_out or 'validation'!r} hold no chat that splits at its answer: expected "
+            '{"messages": [..., {"role": "assistant", ...}]} rows.'
+        )
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
     ids, padding = _padded(sequences, pad_id)
 
@@ -231,26 +482,50 @@ def _task_exact_match(model: Any, table: torch.Tensor, tokenizer: Any) -> TaskLo
 
 
 def smollm2_target(
-    tokens: int = 2000, max_length: int = 64, task_sequences: int = 16, hf_dir: str | None = None
+    tokens: int = 2000,
+    max_length: int = 64,
+    task_sequences: int = 16,
+    hf_dir: str | None = None,
+    data: str = "validation",
+    held_out: str | os.PathLike[str] | None = None,
 ) -> AuditTarget:
     """The real SmolLM2-135M-Instruct embedding table ``[49152, 576]`` and chat text; task loss, held-out exact
     match and LM prior from transformers' model on the CPU (the held-out loss over every real next token of
-    ``task_sequences`` held-out chats; exact match on the shipped instruction set's validation split; the noise
-    added to ``inputs_embeds`` by the plugin's noise layer). ``hf_dir`` audits another folder of the same
-    architecture instead, e.g. a fine-tuned export (the main job's ``reports/latest/hf``)."""
+    ``task_sequences`` held-out chats; exact match on the shipped instruction set's validation split, or on the
+    chats of the JSONL file ``held_out``; the noise added to ``inputs_embeds`` by the plugin's noise layer).
+    ``hf_dir`` audits another folder of the same architecture instead, e.g. a fine-tuned export (the main job's
+    ``reports/latest/hf``). The audited tokens are ``data``: the validation chats after the first
+    ``task_sequences`` (``validation``), a uniform sample of the tokenizer's ids without its special ids
+    (``uniform``), or the rows of a JSONL file (``audit_data_rows``), in pieces of ``max_length`` tokens."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nemo_noise_plugin.pretrained import ensure_smollm2_hf
     from nemo_noise_plugin.privacy.audit import noised_embeddings
 
-    folder = ensure_smollm2_hf() if hf_dir is None else _checked_hf_dir(hf_dir)
+    check_audit_data(data, "smollm2")
+    folder = ensure_smollm2_hf() if hf_dir is None else check_hf_dir(hf_dir)
     with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
         table = handle.get_tensor("model.embed_tokens.weight").float()
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    texts = _chat_texts(tokenizer)
+    texts = _chat_texts(tokenizer, held_out)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
-    token_ids, padding = _padded(_take_tokens(texts[task_sequences:], tokens, max_length), pad_id)
+    special_ids = sorted(set(tokenizer.all_special_ids))
+    if data == "uniform":
+        eligible = [i for i in range(min(len(tokenizer), table.size(0))) if i not in set(special_ids)]
+        sequences = _uniform_sequences(eligible, tokens, max_length)
+        described = f"{AUDIT_DATA['uniform']} ({len(eligible)} ids, seed {DATA_SEED})"
+    elif data == "validation":
+        sequences = _take_tokens(
+            texts[task_sequences:], tokens, max_length, f"the validation chats after {task_sequences}"
+        )
+        described = f"{AUDIT_DATA['validation'].split(' (')[0]} {task_sequences + 1}-{len(texts)}"
+    else:
+        rows = audit_data_rows(data)
+        encoded = [tokenizer(_row_text(row, tokenizer), add_special_tokens=False)["input_ids"] for row in rows]
+        sequences = _take_tokens(encoded, tokens, max_length, f"data={data!r}")
+        described = f"{data} ({len(rows)} rows)"
+    token_ids, padding = _padded(sequences, pad_id)
     held_ids, held_padding = _padded([text[:max_length] for text in texts[:task_sequences]], pad_id)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
 
@@ -271,19 +546,20 @@ def smollm2_target(
         table=table,
         token_ids=token_ids,
         padding_mask=padding,
-        special_ids=list(tokenizer.all_special_ids),
+        special_ids=special_ids,
         task_loss=task_loss,
         lm_log_probs=lm_log_probs,
         task_loss_note=(
             f"held-out next-token loss of {folder.name} (transformers, CPU) on {task_sequences} held-out chats, and "
-            "held-out exact match (greedy, teacher-forced) on the instruction set's validation split, with the noise "
-            "on inputs_embeds"
+            f"held-out exact match (greedy, teacher-forced) on {held_out or 'the instruction set validation split'}, "
+            "with the noise on inputs_embeds"
         ),
-        task_exact_match=_task_exact_match(model, table, tokenizer),
+        task_exact_match=_task_exact_match(model, table, tokenizer, held_out),
+        data=described,
     )
 
 
-def _checked_hf_dir(hf_dir: str) -> Path:
+def check_hf_dir(hf_dir: str) -> Path:
     """``hf_dir`` as a folder holding a SmolLM2-architecture HF model; ``ValueError`` naming the setting if not."""
     folder = Path(hf_dir).expanduser()
     missing = [name for name in ("config.json", "model.safetensors", "tokenizer.json") if not (folder / name).is_file()]
@@ -296,7 +572,7 @@ def _checked_hf_dir(hf_dir: str) -> Path:
 
 
 def run_audit_report(
-    model: str,
+    model: str | None,
     base_config: NoiseConfig,
     sweeps: Sequence[Any],
     attacks: Sequence[str],
@@ -307,22 +583,65 @@ def run_audit_report(
     task_sequences: int = 16,
     task_loss: bool = True,
     hf_dir: str | None = None,
+    data: str | None = None,
+    run: TrainedRun | None = None,
     device: str = "cpu",
-    epochs: int = 1,
+    epochs: int | None = None,
     vocab_chunk: int | None = None,
     query_chunk: int | None = None,
     neighbour_sample: int | None = None,
 ) -> dict[str, str]:
-    """Build the ``model`` target, run ``audit_sweep`` and write the JSON, table and PNG; print the table."""
+    """Build the ``model`` target, run ``audit_sweep`` and write the JSON, table and PNG; print the table.
+
+    ``data`` picks the audited tokens (``check_audit_data``; default the model's own text). ``run`` (a
+    ``TrainedRun``) audits a training run's export (``model`` None or ``smollm2``): ``data`` defaults to its training
+    data, the held-out loss and exact match use its validation chats, and the ledger its sequence length and epochs
+    (``epochs`` overrides); ``base_config`` and ``sweeps`` are the caller's (e.g. ``run.noise_at_inference`` and
+    ``Sweep.at_level_of`` of it). Example::
+
+        trained = read_run_folder("runs/smollm2_135m_noise_sft")
+        config = trained.noise_at_inference
+        run_audit_report(None, config, [Sweep.at_level_of(config)], ("nn_l2",), "audit_out", run=trained)
+    """
+    model = model or ("smollm2" if run is not None else None)
     if model not in MODELS:
         raise ValueError(f"model={model!r} is invalid: expected one of {', '.join(MODELS)}.")
+    if run is not None and (model != "smollm2" or hf_dir is not None):
+        raise ValueError(
+            f"run={str(run.folder)!r} audits the run's own export (reports/latest/hf): expected no hf_dir and "
+            f"model=smollm2 or none (got model={model!r}, hf_dir={hf_dir!r})."
+        )
     if hf_dir is not None and model != "smollm2":
         raise ValueError(f"hf_dir={hf_dir!r} is only used with model=smollm2 (got model={model!r}).")
+    if data is None:
+        if run is not None and run.training_data is None:
+            raise ValueError(
+                f"run={str(run.folder)!r} has no data/training.jsonl (the run's training data, audited by default): "
+                "expected that file, or give data=<a JSONL file>, data=validation or data=uniform."
+            )
+        data = str(run.training_data) if run is not None else ("corpus" if model == "tiny" else "validation")
+    check_audit_data(data, model)
+    metadata: dict[str, Any] = {}
+    sequence_length = None
+    if run is not None:
+        hf_dir, held_out = str(run.hf_dir), run.validation_data
+        sequence_length, epochs = run.sequence_length, epochs or run.epochs
+        metadata["run"] = {"folder": str(run.folder), "noise": dataclasses.asdict(run.noise), "from": run.noise_source}
+        metadata["run"].update(sequence_length=run.sequence_length, epochs=run.epochs)
+    else:
+        held_out = None
     try:
         if model == "tiny":
-            target = tiny_target(tokens=tokens, max_length=max_length, task_sequences=task_sequences)
+            target = tiny_target(tokens=tokens, max_length=max_length, task_sequences=task_sequences, data=data)
         else:
-            target = smollm2_target(tokens=tokens, max_length=max_length, task_sequences=task_sequences, hf_dir=hf_dir)
+            target = smollm2_target(
+                tokens=tokens,
+                max_length=max_length,
+                task_sequences=task_sequences,
+                hf_dir=hf_dir,
+                data=data,
+                held_out=held_out,
+            )
         chunks = {k: v for k, v in dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk).items() if v is not None}
         report = audit_sweep(
             target.table.to(device),
@@ -335,9 +654,15 @@ def run_audit_report(
             task_exact_match=target.task_exact_match if task_loss else None,
             padding_mask=target.padding_mask,
             special_ids=target.special_ids,
-            epochs=epochs,
+            sequence_length=sequence_length,
+            epochs=epochs or 1,
             neighbour_sample=neighbour_sample,
-            metadata={"model": target.name, "task_loss_note": target.task_loss_note if task_loss else "not measured"},
+            metadata={
+                "model": target.name,
+                "data": target.data,
+                **metadata,
+                "task_loss_note": target.task_loss_note if task_loss else "not measured",
+            },
             **chunks,
         )
     finally:
@@ -349,21 +674,6 @@ def run_audit_report(
     paths = write_sweep_report(report, output_dir)
     print("report: " + ", ".join(paths.values()))
     return paths
-
-
-def _gathered_table(model: Any) -> torch.Tensor:
-    """The whole ``[V, h]`` input embedding table of a model chunk (vocabulary-parallel shards all-gathered)."""
-    from megatron.core import parallel_state
-
-    shard = model.embedding.word_embeddings.weight.detach().float()
-    if not parallel_state.model_parallel_is_initialized():
-        return shard
-    group = parallel_state.get_tensor_model_parallel_group()
-    if torch.distributed.get_world_size(group) == 1:
-        return shard
-    parts = [torch.empty_like(shard) for _ in range(torch.distributed.get_world_size(group))]
-    torch.distributed.all_gather(parts, shard.contiguous(), group=group)
-    return torch.cat(parts)
 
 
 class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").Callback):
@@ -399,7 +709,7 @@ class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").C
         model = unwrap_model(context.model[0])
         if getattr(model, "embedding", None) is None:
             return  # not the first pipeline stage
-        table = _gathered_table(model)
+        table = input_embedding_table(model)
         if self.batches is None:
             self.batches = held_out_batches(context.state, self.held_out_count, table.device)
         tokens = torch.cat([batch["tokens"] for batch in self.batches])

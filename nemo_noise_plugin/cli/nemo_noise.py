@@ -11,8 +11,10 @@ installed).
 # No ``from __future__ import annotations`` and no ``X | None``: NeMo-Run's argument parser (0.11) needs real
 # types and rejects ``types.UnionType`` ("Unsupported type: float | None"), so the optional arguments use Optional.
 import dataclasses
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 import nemo_run as run
@@ -115,6 +117,8 @@ def ledger(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
 
 AUDIT_SETTINGS: dict[str, type] = {
     "model": str,
+    "run": str,
+    "data": str,
     "config": str,
     "sweep": str,
     "tokens": int,
@@ -132,13 +136,38 @@ AUDIT_SETTINGS: dict[str, type] = {
 }
 """The audit's own ``key=value`` arguments; every other key is a ``NoiseConfig`` field override."""
 AUDIT_DEFAULTS: dict[str, Any] = {"config": None, "tokens": 2000, "attacks": "nn_l2,nn_cosine", "max_length": 64}
+AUDIT_COUNTS = ("tokens", "max_length", "task_sequences", "epochs", "vocab_chunk", "query_chunk", "neighbour_sample")
+"""The audit's settings that are counts: integers >= 1."""
+
+
+def check_writable_folder(path: str, setting: str) -> None:
+    """``ValueError`` naming ``setting`` unless ``path`` is a folder that exists and can be written, or can be
+    created (its nearest existing parent is a writable folder); creates nothing."""
+    folder = Path(path).expanduser()
+    if not str(path).strip():
+        raise ValueError(f"{setting}={path!r} is invalid: expected the path of a folder, e.g. audit_out.")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{setting}={path!r} is invalid: it is a file, not a folder; give a folder path.")
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    where = "the folder" if existing == folder else f"its parent {str(existing)!r}"
+    if not existing.is_dir():
+        raise ValueError(f"{setting}={path!r} is invalid: {where} is a file, not a folder; give a folder path.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{setting}={path!r} is invalid: {where} cannot be written (permission denied).")
 
 
 def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     """The ``nemo noise audit`` arguments checked and converted: ``config`` (a ``NoiseConfig``), ``sweeps``,
-    ``attacks`` (a tuple) and the run settings; raises ``ValueError`` naming a bad or missing argument."""
+    ``attacks`` (a tuple), ``run`` (an ``audit_report.TrainedRun`` or None) and the run settings; raises
+    ``ValueError`` naming a bad or missing argument. Reads the run folder's and data file's text; loads no model and
+    writes nothing."""
+    from nemo_noise_plugin.audit_report import MODELS, check_audit_data, check_hf_dir, read_run_folder
     from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
-    from nemo_noise_plugin.privacy.audit.sweep import parse_sweeps
+    from nemo_noise_plugin.privacy.audit.checks import check_choice
+    from nemo_noise_plugin.privacy.audit.run import ATTACKS
+    from nemo_noise_plugin.privacy.audit.sweep import Sweep, parse_sweeps
 
     values = parse_key_values(arguments)
     fields = [field.name for field in dataclasses.fields(NoiseConfig)]
@@ -148,22 +177,67 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
             f"unknown argument(s) {', '.join(unknown)}: expected {', '.join(AUDIT_SETTINGS)} or a NoiseConfig field "
             f"({', '.join(fields)})."
         )
-    missing = [key for key in ("model", "sweep", "output_dir") if key not in values]
+    required = ("output_dir",) if "run" in values else ("model", "sweep", "output_dir")
+    missing = [key for key in required if key not in values]
     if missing:
         raise ValueError(
             f"missing argument(s) {', '.join(missing)}: e.g. model=tiny mechanism=uniform sweep=alpha:1,5,10 "
-            "output_dir=audit_out."
+            "output_dir=audit_out, or run=<training run folder> output_dir=audit_out."
         )
     settings = {**AUDIT_DEFAULTS, **{key: value for key, value in values.items() if key in AUDIT_SETTINGS}}
     for key, kind in AUDIT_SETTINGS.items():
         value = settings.get(key)
         if value is not None and not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
             raise ValueError(f"{key}={value!r} is invalid: expected a {kind.__name__}.")
+    for key in AUDIT_COUNTS:
+        if settings.get(key) is not None and settings[key] < 1:
+            raise ValueError(f"{key}={settings[key]!r} is invalid: expected a positive integer (>= 1).")
+    device = settings.get("device", "cpu")
+    if device != "cpu" and device.split(":")[0] != "cuda":
+        raise ValueError(f"device={device!r} is invalid: expected cpu or cuda (or cuda:N).")
+    model = settings.get("model")
+    if model is not None and model not in MODELS:
+        raise ValueError(f"model={model!r} is invalid: expected one of {', '.join(MODELS)}.")
     overrides = {key: value for key, value in values.items() if key not in AUDIT_SETTINGS}
-    config = load_noise_config(settings["config"], **overrides) if settings["config"] else NoiseConfig(**overrides)
+    trained = None
+    if "run" in settings:
+        for key in ("config", "hf_dir"):
+            if settings.get(key) is not None:
+                raise ValueError(
+                    f"{key}={settings[key]!r} cannot be combined with run=: the run's own noise config and export are "
+                    "audited; override single NoiseConfig fields (e.g. epsilon=10) or give sweep= instead."
+                )
+        if model not in (None, "smollm2"):
+            raise ValueError(f"model={model!r} is invalid with run=: expected smollm2 or none (the run's HF export).")
+        trained = settings["run"] = read_run_folder(settings["run"])
+        config = dataclasses.replace(trained.noise_at_inference, **overrides)
+        if "sweep" not in settings and not config.is_active_configuration:
+            raise ValueError(
+                f"run={str(trained.folder)!r} trained without noise ({trained.noise_source}: enabled="
+                f"{trained.noise.enabled}, mechanism={trained.noise.mechanism!r}): there is no level of its own to "
+                "audit; give sweep=, e.g. sweep=alpha:1,5,10."
+            )
+    elif settings["config"]:
+        config = load_noise_config(settings["config"], **overrides)
+    else:
+        config = NoiseConfig(**overrides)
+    if settings.get("hf_dir") is not None:
+        if model != "smollm2":
+            raise ValueError(f"hf_dir={settings['hf_dir']!r} is only used with model=smollm2 (got model={model!r}).")
+        check_hf_dir(settings["hf_dir"])
+    if "data" in settings:
+        check_audit_data(settings["data"], model or "smollm2")
     settings["config"] = config
-    settings["sweeps"] = parse_sweeps(str(settings.pop("sweep")), config.mechanism)
+    sweep = settings.pop("sweep", None)
+    settings["sweeps"] = [Sweep.at_level_of(config)] if sweep is None else parse_sweeps(str(sweep), config.mechanism)
     settings["attacks"] = tuple(a.strip() for a in str(settings["attacks"]).split(",") if a.strip())
+    if not settings["attacks"]:
+        raise ValueError(
+            f"attacks={values.get('attacks')!r} is invalid: expected a comma-separated list from {', '.join(ATTACKS)}."
+        )
+    for attack in settings["attacks"]:
+        check_choice("attacks", attack, ATTACKS)
+    check_writable_folder(settings["output_dir"], "output_dir")
     return settings
 
 
@@ -173,7 +247,7 @@ def run_audit(arguments: Sequence[str]) -> dict[str, str]:
 
     settings = parse_audit_arguments(arguments)
     return run_audit_report(
-        settings.pop("model"),
+        settings.pop("model", None),
         settings.pop("config"),
         settings.pop("sweeps"),
         settings.pop("attacks"),
@@ -188,18 +262,27 @@ def audit(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
 
     Runs in-process; every argument is key=value::
 
+        nemo noise audit run=nemo_experiments/smollm2_135m_noise_sft output_dir=audit_out
+        nemo noise audit run=nemo_experiments/smollm2_135m_noise_sft data=uniform sweep=epsilon:10,50 output_dir=out
+        nemo noise audit model=smollm2 data=my_chats.jsonl sweep=standard output_dir=audit_out
         nemo noise audit model=tiny mechanism=uniform sweep=alpha:1,5,10,50 tokens=2000 output_dir=audit_out
-        nemo noise audit model=smollm2 sweep=standard attacks=nn_l2,nn_cosine,direction output_dir=audit_out
         nemo noise audit model=smollm2 sweep="metric_dp/eta:100,10;gaussian_mechanism/epsilon:100,10" clip_norm=1
 
-    Arguments: model (tiny: a random tiny GPT, offline; smollm2: the real SmolLM2-135M-Instruct table),
-    sweep ([mechanism/]field:level,... parts separated by ';', or standard), output_dir; optional tokens (audited
-    tokens, default 2000), attacks (nn_l2, nn_cosine, direction, lm_beam; default nn_l2,nn_cosine), config (a
-    noise preset or YAML as the base), max_length (tokens per audited sequence, 64), task_sequences (held-out
-    sequences for the task loss, 16), task_loss (false skips the task loss and exact match), hf_dir (with
-    model=smollm2: audit this HF folder instead of the pretrained model, e.g. a main job's reports/latest/hf),
-    device (cpu or cuda), epochs (for the ledger), vocab_chunk, query_chunk, neighbour_sample (rows that estimate
-    the median neighbour distance; default all);
-    any other key overrides that NoiseConfig field (e.g. clip_norm=1).
+    Arguments: output_dir; and either run (a training run folder: its trained model's export reports/latest/hf is
+    audited at the run's own noise mechanism and level, read from reports/latest/task_report.json or a checkpoint's
+    run_config.yaml, with its held-out exact match under that noise and the ledger at its sequence length and
+    epochs; sweep and NoiseConfig fields override the level) or model (tiny: a random tiny GPT, offline; smollm2:
+    the real SmolLM2-135M-Instruct table) with sweep ([mechanism/]field:level,... parts separated by ';', or
+    standard). Optional: data (what is audited: a JSONL file of {"messages": [...]}, {"input", "output"} or
+    {"text"} rows, the user's own text; uniform, a seeded sample of the vocabulary without special ids;
+    validation, the shipped validation chats, smollm2's default without run=; corpus, tiny's default; with run=
+    the default is the run's data/training.jsonl), tokens (audited tokens, default 2000), attacks (nn_l2,
+    nn_cosine, direction, lm_beam; default nn_l2,nn_cosine), config (a noise preset or YAML as the base; not with
+    run=), max_length (tokens per audited sequence, 64), task_sequences (held-out sequences for the task loss, 16),
+    task_loss (false skips the task loss and exact match), hf_dir (with model=smollm2: audit this HF folder
+    instead of the pretrained model), device (cpu or cuda), epochs (for the ledger), vocab_chunk, query_chunk,
+    neighbour_sample (rows that estimate the median neighbour distance; default all); any other key overrides that
+    NoiseConfig field (e.g. clip_norm=1). The report states how many tokens and distinct ids were audited and from
+    where. Bad arguments are reported in one line (exit 2) before any model is loaded.
     """
     run_audit(arguments or [])

@@ -15,7 +15,7 @@ Modules: ``noised`` (the exact inputs), ``search`` (the chunked, vocabulary-para
 
 from nemo_noise_plugin.privacy.audit.attacks import Neighbours, direction_attack, nearest_neighbour_attack
 from nemo_noise_plugin.privacy.audit.beam import lm_beam_attack
-from nemo_noise_plugin.privacy.audit.noised import noised_embeddings
+from nemo_noise_plugin.privacy.audit.noised import noised_embeddings, noised_tokens
 from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit
 from nemo_noise_plugin.privacy.audit.search import median_nearest_neighbour_distance
 from nemo_noise_plugin.privacy.audit.statistics import rare_token_ids, recovery_report, wilson_interval
@@ -29,6 +29,7 @@ __all__ = [
     "median_nearest_neighbour_distance",
     "nearest_neighbour_attack",
     "noised_embeddings",
+    "noised_tokens",
     "rare_token_ids",
     "recovery_report",
     "wilson_interval",

@@ -6,10 +6,11 @@ import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
+from nemo_noise_plugin.noise.mechanisms import selected_tokens
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.privacy.audit.checks import check_int, check_masks, check_table, check_token_ids, to_device
 
-__all__ = ["noise_layer", "noised_embeddings", "real_tokens"]
+__all__ = ["noise_layer", "noised_embeddings", "noised_tokens", "real_tokens"]
 
 
 def noise_layer(config: NoiseConfig) -> EmbeddingNoise:
@@ -63,3 +64,23 @@ def real_tokens(
     batch = NoiseBatchInputs(loss_mask=to_device(device, loss_mask), padding_mask=to_device(device, padding_mask))
     geometry = layer.geometry(embeddings.transpose(0, 1), batch, layer.layout())
     return geometry.valid.t(), geometry.lengths.t()
+
+
+def noised_tokens(
+    config: NoiseConfig,
+    token_ids: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``[b, s]`` True for the tokens the noise layer adds noise to: real (not padding), in the part ``tokens``
+    selects (all, prompt or response), not one of ``special_token_ids``; all False when ``config`` adds no noise."""
+    if not config.is_active_configuration:
+        return torch.zeros_like(token_ids, dtype=torch.bool)
+    layer = noise_layer(config)
+    device = token_ids.device
+    batch = NoiseBatchInputs(
+        loss_mask=to_device(device, loss_mask), padding_mask=to_device(device, padding_mask), input_ids=token_ids
+    )
+    shape_only = torch.empty(token_ids.size(1), token_ids.size(0), 0, device=device)  # [s, b, -]: the geometry's view
+    geometry = layer.geometry(shape_only, batch, layer.layout())
+    return selected_tokens(config, geometry, token_ids).t()

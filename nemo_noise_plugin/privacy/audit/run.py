@@ -13,7 +13,7 @@ from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.attacks import direction_attack, nearest_neighbour_attack
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs, lm_beam_attack
 from nemo_noise_plugin.privacy.audit.checks import check_choice
-from nemo_noise_plugin.privacy.audit.noised import noised_embeddings, real_tokens
+from nemo_noise_plugin.privacy.audit.noised import noised_embeddings, noised_tokens, real_tokens
 from nemo_noise_plugin.privacy.audit.search import (
     DEFAULT_QUERY_CHUNK,
     DEFAULT_VOCAB_CHUNK,
@@ -53,6 +53,7 @@ def audit(
     vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     neighbour_distance: float | None = None,
+    noised_only: bool = False,
 ) -> dict[str, Any]:
     """Run ``attacks`` on the exact noised embeddings of ``token_ids`` (``[b, s]``) and report (JSON-serialisable).
 
@@ -62,7 +63,9 @@ def audit(
     ``rare_token_ids`` of those tokens at ``rare_quantile``, ``special_ids`` to the config's ``special_token_ids``.
     The report also has the observed noise norm per noised token (median, mean) and the vocabulary's
     ``median_nearest_neighbour_distance`` (pass ``neighbour_distance`` when it is already known: a sweep over
-    noise levels computes it once).
+    noise levels computes it once). ``noised_only`` counts only the tokens that actually received noise
+    (``noised_tokens``: not the ``special_token_ids``, only the ``tokens`` part the config selects); the report's
+    ``tokens`` says how many were counted (``real``) and how many distinct ids they hold (``distinct_ids``).
     """
     attacks = check_attacks(attacks, noise_config, lm_log_probs)
     noised = noised_embeddings(
@@ -70,6 +73,8 @@ def audit(
     )
     token_ids = token_ids.to(table.device)
     real, _ = real_tokens(noise_config, noised, loss_mask, padding_mask)
+    if noised_only:
+        real = real & noised_tokens(noise_config, token_ids, loss_mask, padding_mask)
     true_ids = token_ids[real]
     search = dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk)
     predictions: dict[str, Callable[[], torch.Tensor]] = {
@@ -98,7 +103,12 @@ def audit(
     return {
         "noise_config": dataclasses.asdict(noise_config),
         "iteration": iteration,
-        "tokens": {"real": int(real.sum()), "rare_ids": len(rare), "special_ids": len(special)},
+        "tokens": {
+            "real": int(real.sum()),
+            "distinct_ids": int(true_ids.unique().numel()),
+            "rare_ids": len(rare),
+            "special_ids": len(special),
+        },
         "noise_norm": _noise_norm_summary(noise_norm),
         "median_nearest_neighbour_distance": neighbour_distance,
         "attacks": {

@@ -62,6 +62,18 @@ class Sweep:
         if not self.levels or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in self.levels):
             raise ValueError(f"sweep levels={self.levels!r} are invalid: expected a non-empty list of numbers.")
 
+    @classmethod
+    def at_level_of(cls, config: NoiseConfig) -> Sweep:
+        """The one-level sweep at ``config``'s own level: its mechanism's magnitude field (``distance_multiple``
+        under ``embedding_distance`` scaling) at its value, e.g. a trained run's noise."""
+        family = noise_family(config.mechanism)
+        length_scaled_distance = config.scaling == "embedding_distance" and family.length_scaled
+        field = "distance_multiple" if length_scaled_distance else family.magnitude_field
+        value = getattr(config, field)
+        if value is None:
+            raise ValueError(f"NoiseConfig.{field}=None has no level to audit: expected a number.")
+        return cls(config.mechanism, field, (float(value),))
+
     def configs(self, base: NoiseConfig) -> list[NoiseConfig]:
         """``base`` with this sweep's mechanism and each level (validated like every ``NoiseConfig``)."""
         scaling = base.scaling if noise_family(self.mechanism).length_scaled else "true_length"
@@ -154,6 +166,8 @@ def audit_sweep(
     ``task_loss``) adds each level's held-out exact match (``task_exact_match`` in the rows, and
     ``clean_task_exact_match``). ``neighbour_sample`` estimates the median
     nearest-neighbour distance from that many rows (``median_nearest_neighbour_distance``; default all).
+    ``tokens`` and ``distinct_ids`` are how many audited tokens were counted and how many distinct ids they hold;
+    ``metadata`` (e.g. ``data``: where the tokens came from) is copied to the top of the report.
     """
     if isinstance(attacks, str) or not attacks:
         raise ValueError(f"attacks={attacks!r} is invalid: expected a non-empty list from {', '.join(ATTACKS)}.")
@@ -220,6 +234,7 @@ def audit_sweep(
         **(metadata or {}),
         "table_shape": list(table.shape),
         "tokens": int(report["tokens"]["real"]) if rows else 0,
+        "distinct_ids": int(report["tokens"]["distinct_ids"]) if rows else 0,
         "median_nearest_neighbour_distance": distance,
         "confidence": confidence,
         "clean_task_loss": None if task_loss is None else float(task_loss(clean)),
@@ -249,9 +264,11 @@ def format_sweep(report: dict[str, Any]) -> str:
         f"{'rare %':<24}{'special %':<12}{'|z|/d_nn':>9}{'eps/token':>11}{'eps/seq':>11}{'task loss':>11}"
         f"{'exact match':>13}"
     )
+    distinct = f" ({report['distinct_ids']} distinct ids)" if "distinct_ids" in report else ""
+    source = f" from {report['data']}" if report.get("data") else ""
     lines = [
-        f"tokens {report['tokens']}, table {report['table_shape']}, median nearest-neighbour distance "
-        f"{report['median_nearest_neighbour_distance']:.4g}, "
+        f"tokens {report['tokens']}{distinct}{source}, table {report['table_shape']}, "
+        f"median nearest-neighbour distance {report['median_nearest_neighbour_distance']:.4g}, "
         f"clean task loss {_number(report['clean_task_loss'], '.4f')}, "
         f"clean exact match {_number(report.get('clean_task_exact_match'), '.3f')}",
         header,
