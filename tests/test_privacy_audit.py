@@ -19,6 +19,7 @@ from nemo_noise_plugin.privacy.audit import (
     median_nearest_neighbour_distance,
     nearest_neighbour_attack,
     noised_embeddings,
+    noised_tokens,
     rare_token_ids,
     recovery_report,
     wilson_interval,
@@ -284,6 +285,23 @@ def test_rare_token_ids_are_the_least_frequent_distinct_tokens():
 
 
 # The audit
+
+
+def test_audit_counts_only_the_noised_tokens_when_asked_and_reports_distinct_ids():
+    table, tokens = random_table(), random_tokens(8, 32)
+    padding = torch.zeros(8, 32, dtype=torch.bool)
+    padding[:, 24:] = True
+    special = int(tokens[0, 0])
+    config = NoiseConfig(mechanism="gaussian", sigma=1e-3, scaling="absolute", special_token_ids=[special])
+    everything = audit(table, tokens, config, attacks=("nn_l2",), padding_mask=padding)
+    noised = audit(table, tokens, config, attacks=("nn_l2",), padding_mask=padding, noised_only=True)
+    real = tokens[:, :24]
+    assert everything["tokens"]["real"] == 8 * 24
+    assert noised["tokens"]["real"] == 8 * 24 - int((real == special).sum())  # the special id never gets noise
+    assert everything["tokens"]["distinct_ids"] == len(real.unique())
+    assert noised["tokens"]["distinct_ids"] == len(real.unique()) - 1
+    assert noised["attacks"]["nn_l2"]["special"]["total"] == 0
+    assert not noised_tokens(NoiseConfig(enabled=False), tokens, padding_mask=padding).any()
 
 
 def test_audit_reports_observed_noise_and_attacks_as_json():
