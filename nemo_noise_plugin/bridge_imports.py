@@ -37,6 +37,12 @@ class MissingDependencyError(ImportError):
     """Raised when a feature that needs a substituted (absent) package is used."""
 
 
+class MissingDependencyAttributeError(AttributeError):
+    """A substituted module's missing attribute (the message says which package it needs): an ``AttributeError``, so
+    ``hasattr``, ``getattr`` with a default and the object walks of pickling (torch.compile's cache keys, which
+    visit every module a compiled function's globals reach) treat it as absent instead of failing."""
+
+
 def _package_missing(name: str) -> bool:
     if name in sys.modules and name not in SUBSTITUTED_MODULES:
         return False
@@ -62,7 +68,7 @@ def _substitute_module(name: str, class_names: tuple[str, ...], reason: str, *, 
     def __getattr__(attribute: str) -> Any:
         if attribute.startswith("__"):
             raise AttributeError(attribute)
-        raise MissingDependencyError(f"{name}.{attribute} is unavailable: {reason}")
+        raise MissingDependencyAttributeError(f"{name}.{attribute} is unavailable: {reason}")
 
     module.__getattr__ = __getattr__  # type: ignore[method-assign]
     if package:

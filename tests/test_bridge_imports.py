@@ -86,12 +86,20 @@ def test_substituted_classes_fail_clearly_when_used():
                 getattr(importlib.import_module(module_name), class_name)()
             except MissingDependencyError as error:
                 messages.append(str(error))
+            module = importlib.import_module(module_name)
+            # absent, not failing, for hasattr/getattr-with-default (torch.compile's pickler walks modules so)
+            assert getattr(module, "torch", "absent") == "absent" and not hasattr(module, "torch")
+            try:
+                module.torch
+            except AttributeError as error:
+                messages.append(str(error))
         print("\\n".join(messages))
         """
     )
     assert result.returncode == 0, result.stderr[-3000:]
     if "megatron.bridge.peft.lora_layers" in _expected_substitutions():
         assert "LoRALinear is unavailable: Transformer Engine is not installed" in result.stdout
+        assert "megatron.bridge.peft.lora_layers.torch is unavailable" in result.stdout
     if "nvidia_resiliency_ext.inprocess" in _expected_substitutions():
         assert "CallWrapper is unavailable: nvidia-resiliency-ext is not installed" in result.stdout
 

