@@ -272,15 +272,15 @@ def audit(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
     audited at the run's own noise mechanism and level, read from reports/latest/task_report.json or a checkpoint's
     run_config.yaml, with its held-out exact match under that noise and the ledger at its sequence length and
     epochs; sweep and NoiseConfig fields override the level) or model (tiny: a random tiny GPT, offline; smollm2:
-    the real SmolLM2-135M-Instruct table) with sweep ([mechanism/]field:level,... parts separated by ';', or
-    standard). Optional: data (what is audited: a JSONL file of {"messages": [...]}, {"input", "output"} or
-    {"text"} rows, the user's own text; uniform, a seeded sample of the vocabulary without special ids;
-    validation, the shipped validation chats, smollm2's default without run=; corpus, tiny's default; with run=
-    the default is the run's data/training.jsonl), tokens (audited tokens, default 2000), attacks (nn_l2,
-    nn_cosine, direction, lm_beam; default nn_l2,nn_cosine), config (a noise preset or YAML as the base; not with
-    run=), max_length (tokens per audited sequence, 64), task_sequences (held-out sequences for the task loss, 16),
-    task_loss (false skips the task loss and exact match), hf_dir (with model=smollm2: audit this HF folder
-    instead of the pretrained model), device (cpu or cuda), epochs (for the ledger), vocab_chunk, query_chunk,
+    the real SmolLM2-135M-Instruct table) with sweep (field:level,... or mechanism/field:level,..., parts separated
+    by ';', or standard). Optional: data (what is audited: a JSONL file of {"messages": [...]}, {"input", "output"}
+    or {"text"} rows, the user's own text; uniform, a seeded sample of the vocabulary without special ids;
+    validation, the shipped validation chats, smollm2's default without run=; corpus, tiny's default; with run= the
+    default is the run's data/training.jsonl), tokens (audited tokens, default 2000), attacks (nn_l2, nn_cosine,
+    direction, lm_beam; default nn_l2,nn_cosine), config (a noise preset or YAML as the base; not with run=),
+    max_length (tokens per audited sequence, 64), task_sequences (held-out sequences for the task loss, 16),
+    task_loss (false skips the task loss and exact match), hf_dir (with model=smollm2: audit this HF folder instead
+    of the pretrained model), device (cpu or cuda), epochs (for the ledger), vocab_chunk, query_chunk,
     neighbour_sample (rows that estimate the median neighbour distance; default all); any other key overrides that
     NoiseConfig field (e.g. clip_norm=1). The report states how many tokens and distinct ids were audited and from
     where. Bad arguments are reported in one line (exit 2) before any model is loaded.
