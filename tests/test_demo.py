@@ -7,6 +7,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+from nemo_noise_plugin.robustness import HELD_OUT_BATCHES, paired_difference
+
 
 def _run_demo(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
@@ -46,6 +50,45 @@ def test_main_job_trains_the_tiny_recipe_and_writes_the_robustness_report(tmp_pa
     assert control[0]["loss"] < before[0]["loss"] - 1.0 and control[0]["loss"] != after[0]["loss"]
     assert (latest / "robustness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "tiny_noise_sft" / "data").is_dir()  # the corpus as a Megatron indexed dataset
+    _assert_the_report_compares_noise_training_with_its_control(report, out)
+
+
+def _assert_the_report_compares_noise_training_with_its_control(report: dict, out: str) -> None:
+    """Each level of ``after`` carries its verdict against the control, reproducible from the per-batch values in
+    the file, and the printed summary counts exactly those verdicts."""
+    control, after = report["no noise"], report["after"]
+    for point in [*report["before"], *control, *after]:  # per held-out batch, whose token-weighted mean is the point
+        assert len(point["batch_loss"]) == len(point["batch_kl"]) == HELD_OUT_BATCHES
+        assert sum(point["batch_kl"]) / HELD_OUT_BATCHES == pytest.approx(point["kl"], rel=1e-4, abs=1e-9)
+    verdicts = {"loss": [], "kl": []}
+    for mine, theirs in zip(after, control, strict=True):
+        comparison = mine["vs_control"]
+        assert comparison["control"] == "no noise" and comparison["batches"] == HELD_OUT_BATCHES
+        for metric in ("loss", "kl"):
+            again = paired_difference(mine[f"batch_{metric}"], theirs[f"batch_{metric}"])
+            written = comparison[metric]
+            assert written["verdict"] == again.verdict, (metric, mine["scale"])
+            assert (written["mean"], written["low"], written["high"]) == pytest.approx(
+                (again.mean, again.low, again.high)
+            )
+            assert written["low"] <= written["mean"] <= written["high"]
+            verdicts[metric].append(written["verdict"])
+    assert verdicts["kl"][0] == "no difference (interval includes 0)"  # level 0: no noise, KL 0 for both
+    kl = [verdicts["kl"][1:].count(word) for word in ("better", "worse", "no difference (interval includes 0)")]
+    loss = [verdicts["loss"].count(word) for word in ("better", "worse", "no difference (interval includes 0)")]
+    assert (
+        f"noise training vs control: lower KL at {kl[0]} of 5 noise levels, higher at {kl[1]}, no difference at "
+        f"{kl[2]}; held-out loss lower at {loss[0]} of 6 levels, higher at {loss[1]}, no difference at {loss[2]} "
+        f"(95 % paired t-interval over {HELD_OUT_BATCHES} held-out batches, same noise draws)"
+    ) in out
+    words = out.split("same noise draws)\n")[1].splitlines()[0]
+    if kl[0] and not kl[1] and not loss[1]:
+        assert words.startswith("noise training made this model more robust than its control"), words
+    elif kl[0] and not kl[1]:
+        assert words.startswith("a trade-off" if loss[0] else "steadier, not more accurate"), words
+    else:
+        no_gain = ("no overall robustness gain measured", "no robustness gain measured", "no difference measured")
+        assert words.startswith(no_gain), words
 
 
 def test_the_distillation_recipe_distils_from_a_clean_pretrained_teacher(tmp_path):

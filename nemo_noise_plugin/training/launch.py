@@ -131,7 +131,8 @@ def launch_with_report(
     ``clean_pretrain_steps`` > 0 first trains the model that many steps with noise and KD off, and every run after it
     starts from those weights (a distillation run's teacher is then that pre-trained model). ``control`` also trains
     the same recipe, steps and seed without noise, and the report shows its curve as ``no noise`` beside ``after``:
-    what noise training changed, against what training alone did.
+    what noise training changed, against what training alone did, with a verdict per noise level (``better``,
+    ``worse`` or ``no difference``: ``robustness.compare_to_control``, a paired interval over the held-out batches).
     """
     from nemo_noise_plugin.artifacts import RunReport
     from nemo_noise_plugin.batches import is_finetuning_dataset
