@@ -409,7 +409,7 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     device = next(inner.parameters()).device
     eos = _eos_id(state)
     held = task_batches(state, device)
-    train, _, _ = recipe_datasets(state, unpacked=True)
+    train, _, _ = recipe_datasets(_one_pass(state), unpacked=True)
     size = state.cfg.train.micro_batch_size
     train_batches = collate(train, max(TRAIN_SCORED // size, 1), size, None, device)
     started = time.perf_counter()
@@ -444,6 +444,16 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     result["evaluation_seconds"] = time.perf_counter() - started
     result["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return result
+
+
+def _one_pass(state: Any) -> Any:
+    """``state`` with its training split read once, in file order (not the run's epochs)."""
+    import copy
+
+    view = copy.copy(state)
+    view.cfg = copy.copy(state.cfg)
+    view.cfg.dataset = dataclasses.replace(state.cfg.dataset, max_train_samples=None)
+    return view
 
 
 def _special_ids(tokenizer: Any) -> list[int]:
@@ -490,6 +500,8 @@ def cell_config(cell: Cell, out: Path, hf_path: str, epochs: float) -> Any:
         micro_batch_size=MICRO_BATCH,
     )
     config.dataset.seed = config.rng.seed = cell.seed
+    config.dataset.max_train_samples = train_iters * GLOBAL_BATCH  # several passes over the training split
+    shuffle_training_file(config.dataset.dataset_root, cell.seed)
     config.validation.eval_interval, config.validation.eval_iters = train_iters, 0
     config.logger.log_interval = 10
     if cell.save:
@@ -499,6 +511,25 @@ def cell_config(cell: Cell, out: Path, hf_path: str, epochs: float) -> Any:
     else:
         config.checkpoint.save = config.checkpoint.load = None
     return config
+
+
+def shuffle_training_file(data_dir: str, seed: int) -> None:
+    """Put the run's ``training.jsonl`` in a seed's order (same chats), dropping Bridge's index of the old file.
+
+    The seed must set the data order, and Bridge 0.6.2 does not: with ``max_train_samples`` its finetuning dataset
+    draws the epochs from ``_OnlineSampleMapping(dataset_size, num_samples)``, built without the dataset's ``seed``
+    (its own default, 1), so ``dataset.seed`` changes nothing and noise-free runs at different seeds are the same
+    run (measured: the first grid's three plain seeds were bit-identical). Shuffling the file gives each seed its
+    own order under the same mapping.
+    """
+    import random
+
+    path = Path(data_dir) / "training.jsonl"
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    random.Random(seed).shuffle(lines)
+    path.write_text("\n".join(lines) + "\n")
+    for index in path.parent.glob("training.jsonl.idx*"):
+        index.unlink()
 
 
 def run_cell(cell: Cell, out: Path, hf_path: str, epochs: float) -> None:
@@ -579,7 +610,7 @@ def run_grid(args: argparse.Namespace) -> int:
             else:
                 failures += 1
             print(f"[{time.monotonic() - start:6.0f} s] {item.cell.name}: {status} in {elapsed:.0f} s", flush=True)
-        if failures >= 2 and not durations:
+        if failures >= 2 and not durations and not any(done(cell) for cell in cells):
             print("the first cells failed and none finished: stopping (see their cell.log)")
             for item in running:
                 item.process.kill()

@@ -126,7 +126,7 @@ def frontier_rows(results: dict[str, dict[int, dict[str, Any]]]) -> list[dict[st
             row["exact_match"], row["loss"] = mean_sd(list(em.values())), mean_sd(list(loss.values()))
             row["exact_match_by_seed"] = em
             for attack in ("nn_l2", "nn_cosine", "lm_beam"):
-                rec = _values(runs, lambda r, level=level, attack=attack: r["frontier"][level]["attacks"][attack]["recovery"])
+                rec = _values(runs, lambda r, lv=level, at=attack: r["frontier"][lv]["attacks"][at]["recovery"])
                 row[attack] = mean_sd(list(rec.values()))
             first = next(iter(runs.values()))["frontier"][level]
             row["privacy"] = first["privacy"]
@@ -141,10 +141,13 @@ def frontier_table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
     ceiling = mean_sd(list(_values(plain, lambda r: r["clean"]["test"]["exact_match"]).values())) if plain else None
     lines = []
     if ceiling:
-        lines.append(f"Ceiling (d): the plain model without noise, exact match (test) {ceiling[0]:.3f} ± {ceiling[1]:.3f} "
-                     f"(n={len(plain)}).\n")
+        lines.append(
+            f"Ceiling (d): the plain model without noise, exact match (test) {ceiling[0]:.3f} ± {ceiling[1]:.3f} "
+            f"(n={len(plain)}).\n"
+        )
     lines.append(
-        "| level | eps/token | eps/prompt | model | n | exact match (test) | loss (test) | NN L2 % | NN cos % | beam % |"
+        "| level | eps/token | eps/prompt | model | n | exact match (test) | loss (test) "
+        "| NN L2 % | NN cos % | beam % |"
     )
     lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for row in frontier_rows(results):
@@ -152,7 +155,8 @@ def frontier_table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
         seq = p.get("eps_per_sequence")
         lines.append(
             f"| {row['level']} | {p.get('eps_per_token'):.3g} | {seq:.3g} | {row['model']} | {len(row['seeds'])} | "
-            f"{row['exact_match'][0]:.3f} ± {row['exact_match'][1]:.3f} | {row['loss'][0]:.2f} ± {row['loss'][1]:.2f} | "
+            f"{row['exact_match'][0]:.3f} ± {row['exact_match'][1]:.3f} | "
+            f"{row['loss'][0]:.2f} ± {row['loss'][1]:.2f} | "
             + " | ".join(f"{100 * row[a][0]:.1f} ± {100 * row[a][1]:.1f}" for a in ("nn_l2", "nn_cosine", "lm_beam"))
             + " |"
         )

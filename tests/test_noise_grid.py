@@ -64,6 +64,21 @@ def test_the_grid_runs_plain_models_first_and_keeps_variants_whole():
     assert cells[0].save and not any(cell.save for cell in cells[3:])
 
 
+def test_each_seed_gets_its_own_data_order_over_the_same_chats(tmp_path):
+    from nemo_noise_plugin.instructions import write_instruction_files
+
+    orders = {}
+    for seed in (1, 2, 1):
+        folder = write_instruction_files(tmp_path / f"data{seed}")
+        (tmp_path / f"data{seed}" / "training.jsonl.idx.npy").write_bytes(b"stale index")
+        noise_grid.shuffle_training_file(folder, seed)
+        lines = (tmp_path / f"data{seed}" / "training.jsonl").read_text().splitlines()
+        assert not (tmp_path / f"data{seed}" / "training.jsonl.idx.npy").exists()
+        orders.setdefault(seed, lines)
+        assert lines == orders[seed], "the same seed gives the same order"
+    assert orders[1] != orders[2] and sorted(orders[1]) == sorted(orders[2])
+
+
 def test_rouge_l_copies_and_repetition():
     assert noise_grid.rouge_l([1, 2, 3], [1, 2, 3]) == 1.0
     assert noise_grid.rouge_l([1, 2, 3, 4], [1, 2, 4]) == pytest.approx(2 * 3 / 7)
@@ -90,6 +105,7 @@ def test_greedy_answers_match_one_prompt_at_a_time_decoding(bridge_state):
         assert answer == [token for token in single if token != eos]
 
 
+@pytest.mark.slow  # about a minute on 2 cores: every score, three attacks at two levels
 def test_evaluate_cell_scores_clean_noised_and_attacked(bridge_state, monkeypatch):
     monkeypatch.setattr(noise_grid, "ATTACK_CHATS", 6)  # the CPU: a few chats, short answers
     monkeypatch.setattr(noise_grid, "MAX_NEW_TOKENS", 8)
