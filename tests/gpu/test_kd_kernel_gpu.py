@@ -32,8 +32,10 @@ def test_kernel_statistics_and_gradient_equal_the_torch_reference(vocab, tempera
     reference = kd_kernel._statistics_torch(student, teacher, labels, temperature)
     for name, ours, theirs in zip(fused._fields, fused, reference, strict=True):
         torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=1e-4, msg=name)
-    lse = tuple(torch.randn(96, device="cuda") + 10 for _ in range(3))
-    ce_weight, kd_weight = torch.rand(96, device="cuda"), torch.rand(96, device="cuda")
+    generator = torch.Generator(device="cuda").manual_seed(1)  # its own stream: the same draws in any test order
+    lse = tuple(torch.randn(96, device="cuda", generator=generator) + 10 for _ in range(3))
+    ce_weight = torch.rand(96, device="cuda", generator=generator)
+    kd_weight = torch.rand(96, device="cuda", generator=generator)
     ours = kd_kernel._gradient_triton(student, teacher, labels, temperature, lse, ce_weight, kd_weight)
     theirs = kd_kernel._gradient_torch(student, teacher, labels, temperature, lse, ce_weight, kd_weight)
     assert ours.dtype == dtype
@@ -44,7 +46,7 @@ def test_kernel_statistics_and_gradient_equal_the_torch_reference(vocab, tempera
 def test_the_loss_on_cuda_matches_the_float64_cpu_loss():
     student, teacher, labels = _inputs(4 * 512, 32768, torch.bfloat16, seed=1)
     labels = labels.clamp(0, 32767)
-    weights = torch.rand(4, 512, device="cuda")
+    weights = torch.rand(4, 512, device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
     cuda_student = student.reshape(4, 512, -1).clone().requires_grad_()
     ce, kd = cross_entropy_and_forward_kl(cuda_student, teacher.reshape(4, 512, -1), labels.reshape(4, 512), 2.0)
     (ce * weights + kd * weights.flip(1)).sum().backward()

@@ -14,13 +14,16 @@ import sys
 import pytest
 import torch
 
+from tests.support.training_processes import training_env
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 PROGRESS_LINE = re.compile(r"^\s*(\d+)/(\d+)\s+([0-9.]+)\s+(\S+)\s+(\d+)\s*$", re.MULTILINE)
 
 
 def _run(module: str, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=900)
+    command = [sys.executable, "-m", module, *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=training_env())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(result.stdout[-4000:])
     return result
@@ -34,6 +37,7 @@ def _console(*args: str) -> list[str]:
         stderr=subprocess.STDOUT,
         text=True,
         timeout=900,
+        env=training_env(),
     )
     assert result.returncode == 0, result.stdout[-6000:]
     print(result.stdout)

@@ -70,9 +70,10 @@ def test_microbatch_split_on_cuda_is_bit_identical(name):
 
 
 def test_bf16_input_keeps_its_dtype_and_the_gradient_is_the_identity():
-    x = torch.randn(SEQ, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(SEQ, BATCH, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=generator, requires_grad=True)
     out = _noised(MECHANISMS["neftune"], x, _inputs("cuda"), NoiseClock())
     assert out.dtype == torch.bfloat16
-    grad = torch.randn_like(out)
+    grad = torch.randn(out.shape, dtype=out.dtype, device="cuda", generator=generator)
     out.backward(grad)
     assert torch.equal(x.grad, grad)

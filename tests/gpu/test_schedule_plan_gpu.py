@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.support.training_processes import torchrun
 
 pytestmark = [
     pytest.mark.gpu,
@@ -24,7 +25,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "schedule_plan_ste
 
 def test_plan_matches_the_normal_path_on_two_gpus(tmp_path):
     results_path = tmp_path / "plan.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT)]
+    command = [*torchrun(2), str(SCRIPT)]
     command += ["--seq-length", "512", "--microbatches", "3", "--warmup", "1", "--rounds", "2"]
     command += ["--json", str(results_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)

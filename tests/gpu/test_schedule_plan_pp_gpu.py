@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.support.training_processes import torchrun
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +25,7 @@ def test_interleaved_plan_matches_the_normal_path(tmp_path, gpus):
     if torch.cuda.device_count() < gpus:
         pytest.skip(f"needs {gpus} CUDA GPUs")
     summary_path = tmp_path / "summary.json"
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus), str(SCRIPT)]
+    command = [*torchrun(gpus), str(SCRIPT)]
     result = subprocess.run([*command, "--json", str(summary_path)], capture_output=True, text=True, timeout=600)
     print(result.stdout[-4000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]

@@ -14,6 +14,8 @@ import textwrap
 import pytest
 import torch
 
+from tests.support.training_processes import training_env
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 LAUNCHER = """
@@ -42,7 +44,7 @@ def test_tiny_chat_recipe_trains_through_bridge_with_the_task_and_robustness_rep
     path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))  # tests.support
     result = subprocess.run(
         [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": path},
+        env=training_env(PYTHONPATH=path),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     losses = [float(m) for m in re.findall(r"^\s*\d+/30\s+([0-9.]+)", result.stdout, re.MULTILINE)]

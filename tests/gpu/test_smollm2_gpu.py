@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
+from tests.support.training_processes import training_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -50,7 +51,7 @@ def _keep(name: str, result: subprocess.CompletedProcess, folder: Path | None = 
 
 
 def _run(name: str, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=900)
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=900, env=training_env())
     _keep(name, result)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
