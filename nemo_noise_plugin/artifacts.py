@@ -6,6 +6,12 @@ partial folder and moves it into place in one rename when the report is complete
 (``<root>/reports/<run id>/``), then points ``<root>/reports/latest`` at it (an atomic symlink swap). An
 interrupted or failed write leaves the earlier reports exactly as they were; a disk-full or read-only error becomes
 ``ArtifactWriteError`` saying what was kept.
+
+Every JSON file of a report carries the run's ``provenance`` (``provenance.run_provenance``: recipe, resolved
+config and its hash, noise, steps, seeds, version, data hashes) once ``RunReport.describe`` has recorded it.
+``RunReport(keep_last=N)`` keeps only the newest N report folders after each finished report (``prune_reports``);
+``prune_checkpoints`` does the same for a run's checkpoint folders. Both delete only what the plugin or Bridge named
+by their patterns, never the folder ``latest`` or a tracker names, never a partial write.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -20,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ArtifactWriteError", "RunReport", "check_output_dir", "new_run_id"]
+__all__ = ["ArtifactWriteError", "RunReport", "check_output_dir", "new_run_id", "prune_checkpoints", "prune_reports"]
 
 _REASONS = {
     errno.ENOSPC: "the disk is full",
@@ -61,14 +68,122 @@ def new_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-class RunReport:
-    """One run's report files, moved into ``<root>/reports/<run_id>/`` together when ``finish`` is called."""
+RUN_ID_PATTERN = re.compile(r"\d{8}-\d{6}-\d+")
+"""The folder names ``new_run_id`` gives: the only report folders ``prune_reports`` deletes."""
+ITERATION_PATTERN = re.compile(r"iter_(\d{7})")
+"""Bridge's checkpoint folder of one iteration (``checkpoint_utils.get_checkpoint_name``: ``iter_{:07d}``)."""
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+"""Bridge's tracker of the checkpoint to resume from (``checkpoint_utils.get_checkpoint_tracker_filename``)."""
+CPU_STATE_PATTERN = re.compile(r"cpu_state-[0-9a-f]{16}\.pt")
+"""The CPU loop's state file of one run configuration (``training.cpu_checkpoint.CpuCheckpoint``)."""
 
-    def __init__(self, root: str | os.PathLike[str], run_id: str | None = None) -> None:
+
+def _check_keep(keep: int, setting: str = "keep_last") -> int:
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"{setting}={keep!r} is invalid: expected an integer >= 1 (how many to keep).")
+    return keep
+
+
+def _remove(paths: list[Path]) -> list[Path]:
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return paths
+
+
+def prune_reports(reports: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` report folders in ``reports`` (a ``<root>/reports``); returns the deleted.
+
+    Only folders named like ``new_run_id``'s ids count (newest: latest start time, then latest change); the folder
+    ``latest`` points at is never deleted, nor hidden partial folders, nor any other file or folder. Example::
+
+        prune_reports("outputs/main_job/tiny_noise_sft/reports", keep=3)
+    """
+    _check_keep(keep)
+    folder = Path(reports)
+    if not folder.is_dir():
+        return []
+    link = folder / "latest"
+    current = os.readlink(link) if link.is_symlink() else None
+    runs = [p for p in folder.iterdir() if RUN_ID_PATTERN.fullmatch(p.name) and p.is_dir() and not p.is_symlink()]
+    runs.sort(key=lambda p: (p.name.rsplit("-", 1)[0], p.stat().st_mtime), reverse=True)
+    return _remove([p for p in runs[keep:] if p.name != current])
+
+
+def _tracked_iteration(folder: Path) -> int | None:
+    try:
+        text = (folder / TRACKER_FILE).read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def prune_checkpoints(checkpoints: str | os.PathLike[str], keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints in ``checkpoints`` and its run-phase subfolders (``control/``,
+    ...); returns the deleted.
+
+    Bridge's ``iter_NNNNNNN`` folders: only in a folder whose tracker (``latest_checkpointed_iteration.txt``) names
+    an iteration, only folders of iterations up to that one (a later one may be an asynchronous save still being
+    written), and never the tracked one. The CPU loop's ``cpu_state-<fingerprint>.pt`` files (one per run
+    configuration, written by rename, so never partial): the newest by change time. Nothing else is touched.
+    Example::
+
+        prune_checkpoints("outputs/main_job/tiny_noise_sft/checkpoints", keep=2)
+    """
+    _check_keep(keep)
+    deleted: list[Path] = []
+    for directory, subfolders, files in os.walk(checkpoints):
+        folder = Path(directory)
+        subfolders[:] = [name for name in subfolders if not ITERATION_PATTERN.fullmatch(name)]
+        tracked = _tracked_iteration(folder)
+        if tracked is not None:
+            iterations = {
+                int(match.group(1)): folder / match.group(0)
+                for path in folder.iterdir()
+                if (match := ITERATION_PATTERN.fullmatch(path.name)) and path.is_dir() and not path.is_symlink()
+            }
+            done = sorted((step for step in iterations if step <= tracked), reverse=True)
+            deleted += _remove([iterations[step] for step in done[keep:] if step != tracked])
+        states = [folder / name for name in files if CPU_STATE_PATTERN.fullmatch(name)]
+        states.sort(key=lambda path: path.stat().st_mtime, reverse=True)
+        deleted += _remove(states[keep:])
+    return deleted
+
+
+class RunReport:
+    """One run's report files, moved into ``<root>/reports/<run_id>/`` together when ``finish`` is called.
+
+    ``recipe`` names the run's recipe in its provenance (``describe``); ``keep_last`` (an integer >= 1) deletes all
+    but the newest that many report folders after ``finish`` (``prune_reports``).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        run_id: str | None = None,
+        *,
+        recipe: str | None = None,
+        keep_last: int | None = None,
+    ) -> None:
         self.run_id = run_id or new_run_id()
         self.reports = Path(root) / "reports"
         self.folder = self.reports / self.run_id
+        self.recipe = recipe
+        self.keep_last = None if keep_last is None else _check_keep(keep_last)
+        self.provenance: dict[str, Any] | None = None
+        """What the run was (``describe``), written under ``provenance`` into every JSON file of the report."""
         self._partial: Path | None = None
+
+    def describe(self, config: Any) -> dict[str, Any]:
+        """Record ``run_provenance(config, recipe)`` of the run's resolved ``ConfigContainer`` (the first call's;
+        later calls return it) and return it."""
+        if self.provenance is None:
+            from nemo_noise_plugin.provenance import run_provenance
+
+            self.provenance = run_provenance(config, self.recipe)
+        return self.provenance
 
     def _partial_folder(self) -> Path:
         if self._partial is None:
@@ -98,7 +213,9 @@ class RunReport:
         return target
 
     def write_json(self, name: str, data: Any) -> None:
-        """Write ``data`` as indented JSON."""
+        """Write ``data`` as indented JSON; a dict gets the run's ``provenance`` first once ``describe`` recorded it."""
+        if self.provenance is not None and isinstance(data, dict):
+            data = {"provenance": self.provenance, **{k: v for k, v in data.items() if k != "provenance"}}
 
         def dump(path: Path) -> None:
             with open(path, "w") as handle:
@@ -123,6 +240,11 @@ class RunReport:
                 error.errno, f"cannot finish the report in {self.folder}: {_reason(error)}; earlier reports unchanged."
             ) from None
         self._partial = None
+        if self.keep_last is not None:
+            try:
+                prune_reports(self.reports, self.keep_last)
+            except OSError as error:  # the report itself is complete: say so and keep going
+                print(f"warning: keep_last={self.keep_last}: could not delete old reports in {self.reports}: {error}")
         return self.folder
 
     def discard(self) -> None:

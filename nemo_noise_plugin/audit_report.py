@@ -30,6 +30,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit import audit
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
 from nemo_noise_plugin.privacy.audit.sweep import TaskLoss, audit_sweep, format_sweep, write_sweep_report
+from nemo_noise_plugin.provenance import compact_provenance, file_sha256, plugin_version, run_provenance
 from nemo_noise_plugin.robustness import held_out_batches, logits_of
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "MODELS",
     "AuditTarget",
     "PrivacyAuditCallback",
+    "audit_provenance",
     "TrainedRun",
     "audit_data_rows",
     "check_audit_data",
@@ -559,6 +561,25 @@ def smollm2_target(
     )
 
 
+def audit_provenance(settings: dict[str, Any], run: TrainedRun | None = None) -> dict[str, Any]:
+    """The ``provenance`` of a ``nemo noise audit`` report: the command, the plugin's version, the audit's
+    ``settings``, the sha256 of the audited data file (``data`` a JSONL path) and, with ``run``, the provenance of
+    the run's latest report (``reports/latest/task_report.json``; without its config: ``config_sha256`` names it)."""
+    data = settings.get("data")
+    files = {str(data): file_sha256(data)} if data and data not in AUDIT_DATA and Path(data).is_file() else {}
+    provenance: dict[str, Any] = {
+        "command": "nemo noise audit",
+        "plugin_version": plugin_version(),
+        "settings": settings,
+        "data_files": files,
+    }
+    if run is not None:
+        report = run.folder / "reports" / "latest" / "task_report.json"
+        saved = json.loads(report.read_text()).get("provenance") if report.is_file() else None
+        provenance["run"] = None if saved is None else compact_provenance(saved)
+    return provenance
+
+
 def check_hf_dir(hf_dir: str) -> Path:
     """``hf_dir`` as a folder holding a SmolLM2-architecture HF model; ``ValueError`` naming the setting if not."""
     folder = Path(hf_dir).expanduser()
@@ -621,7 +642,11 @@ def run_audit_report(
             )
         data = str(run.training_data) if run is not None else ("corpus" if model == "tiny" else "validation")
     check_audit_data(data, model)
-    metadata: dict[str, Any] = {}
+    settings = dict(model=model, data=data, attacks=list(attacks), tokens=tokens, max_length=max_length)
+    settings.update(task_sequences=task_sequences, task_loss=task_loss, hf_dir=hf_dir, device=device, epochs=epochs)
+    settings.update(vocab_chunk=vocab_chunk, query_chunk=query_chunk, neighbour_sample=neighbour_sample)
+    settings.update(noise=dataclasses.asdict(base_config), sweeps=[dataclasses.asdict(sweep) for sweep in sweeps])
+    metadata: dict[str, Any] = {"provenance": audit_provenance(settings, run)}
     sequence_length = None
     if run is not None:
         hf_dir, held_out = str(run.hf_dir), run.validation_data
@@ -682,7 +707,8 @@ class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").C
     Runs at the end of each evaluation (``on_eval_end``) and, with ``every_steps``, after every that many training
     steps; on the first pipeline stage only (the one holding the input embedding). The noise is the one training
     adds at that iteration. Rank 0 prints the recovery rates and appends one JSON line per audit to
-    ``output_dir/privacy_audit.jsonl``; ``self.history`` keeps them.
+    ``output_dir/privacy_audit.jsonl``, each with the run's ``provenance`` (``run_provenance`` with ``recipe``,
+    without the config itself: its ``config_sha256`` names it); ``self.history`` keeps them.
     """
 
     def __init__(
@@ -693,6 +719,7 @@ class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").C
         every_steps: int | None = None,
         held_out_batches: int = 2,
         attacks: Sequence[str] = ("nn_l2", "nn_cosine"),
+        recipe: str | None = None,
     ) -> None:
         if every_steps is not None and (
             isinstance(every_steps, bool) or not isinstance(every_steps, int) or every_steps < 1
@@ -702,6 +729,8 @@ class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").C
         self.held_out_count, self.attacks = held_out_batches, tuple(attacks)
         self.batches: list[dict[str, torch.Tensor]] | None = None
         self.history: list[dict[str, Any]] = []
+        self.recipe = recipe
+        self.provenance: dict[str, Any] | None = None
 
     def _audit(self, context: Any) -> None:
         from megatron.core.utils import unwrap_model
@@ -716,7 +745,9 @@ class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").C
         loss_mask = torch.cat([batch["loss_mask"] for batch in self.batches])
         step = int(context.state.train_state.step)
         report = audit(table, tokens, self.noise, self.attacks, iteration=step, loss_mask=loss_mask)
-        entry = {"step": step, **report}
+        if self.provenance is None:
+            self.provenance = compact_provenance(run_provenance(context.state.cfg, self.recipe))
+        entry = {"step": step, **report, "provenance": self.provenance}
         self.history.append(entry)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return

@@ -30,6 +30,7 @@ from nemo_noise_plugin.artifacts import RunReport
 from nemo_noise_plugin.batches import collate, recipe_datasets, recipe_tokenizer
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu.parallel import causal_attention_mask
+from nemo_noise_plugin.provenance import run_title
 
 __all__ = [
     "FRONTIER_ATTACKS",
@@ -358,7 +359,7 @@ _BEFORE_KEY = "task_report_before"
 """Where the 'before' exact match is kept in the callbacks' ``user_state`` (saved by CPU-loop checkpoints)."""
 
 
-def _plot(results: dict[str, Any], path: str) -> bool:
+def _plot(results: dict[str, Any], path: str, title: str = "") -> bool:
     try:
         import matplotlib
 
@@ -374,7 +375,8 @@ def _plot(results: dict[str, Any], path: str) -> bool:
             values = [results[name]["per_task"][task] for task in tasks]
             axis.bar([i + offset for i in range(len(tasks))], values, width, label=name)
     axis.set_xticks(range(len(tasks)), tasks)
-    axis.set(ylabel="exact match (greedy)", ylim=(0, 1), title="Held-out exact match per task")
+    heading = "Held-out exact match per task"
+    axis.set(ylabel="exact match (greedy)", ylim=(0, 1), title=f"{heading}\n{title}" if title else heading)
     axis.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -388,7 +390,9 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
     ``task_report.json`` holds, for ``before`` and ``after``, ``splits`` (per split: ``exact_match`` and
     ``per_task``) and the validation split's two numbers at the top level; ``export_logits`` (the reloaded HF
     model against Megatron's logits) and ``transformers_replies`` with the export; ``run`` (``run_settings``: the
-    noise config as trained, sequence length, epochs, which ``nemo noise audit run=`` reads); and, when the run
+    noise config as trained, sequence length, epochs, which ``nemo noise audit run=`` reads); ``provenance``
+    (``RunReport.describe``: recipe, resolved config and its hash, noise, steps, seeds, version, data hashes; the
+    figure's title is ``provenance.run_title`` of it); and, when the run
     trains with noise and ``frontier`` is on, ``frontier`` (``frontier_point`` of the trained model at the run's own
     noise: exact match under that noise, token recovery of ``frontier_attacks`` over ``frontier_tokens`` noised
     held-out tokens, epsilon per token and per sequence).
@@ -460,10 +464,11 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
             self._frontier(context, noise, run)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return
+        title = run_title(self.report.describe(context.state.cfg))
         if self.export:
             self._export(context)
         self.report.write_json("task_report.json", self.results)
-        self.report.write("task_report.png", lambda path: _plot(self.results, str(path)))
+        self.report.write("task_report.png", lambda path: _plot(self.results, str(path), title))
         print(f"task report: {self.report.path('task_report.json')} (with task_report.png)")
 
     def _frontier(self, context: Any, noise: Any, run: dict[str, Any]) -> None:

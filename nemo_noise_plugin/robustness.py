@@ -34,6 +34,7 @@ from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.model.make_noisy import make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
+from nemo_noise_plugin.provenance import run_title
 
 REPORT_MULTIPLES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 """Noise levels the report sweeps, as multiples of the level the model was trained with (0: no noise)."""
@@ -385,8 +386,12 @@ def write_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, repo
 
     With a control curve (``no noise``) beside the noise-trained one (``after``), also the comparison per level
     (``compare_to_control``): printed, summarised in words, and in the JSON as each ``after`` point's ``vs_control``.
-    Both files appear together (``RunReport.finish``) or not at all; returns the report's folder.
+    The JSON holds the run's ``provenance`` when the report has it (``RunReport.describe``); without a ``title`` the
+    title is ``run_title`` of it. Both files appear together (``RunReport.finish``) or not at all; returns the
+    report's folder.
     """
+    if not title and report.provenance is not None:
+        title = run_title(report.provenance)
     print(f"\nrobustness report{f' ({title})' if title else ''}: held-out loss and KL(clean || noisy) in nats/token")
     print(f"against {scale_name}, the noise level, around the level of training")
     print(format_report(curves, scale_name))
@@ -431,7 +436,9 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
     At the end (rank 0) it prints the table and writes ``robustness.{json,png}`` into ``report`` (a ``RunReport``:
     ``<run dir>/reports/<run id>/``, both files or none), with the ``references`` curves (e.g. the same training
     without noise) beside its own. With ``report=None`` it only measures the end curve (``curves["after"]``), for a
-    reference run. A run that stops before its last iteration writes no report.
+    reference run. A run that stops before its last iteration writes no report. The JSON holds the run's
+    ``provenance`` (``RunReport.describe`` of the run's config); without a ``title`` the figure's title is
+    ``provenance.run_title`` of it (``noise off`` for a run without noise).
     """
 
     BATCHES = HELD_OUT_BATCHES
@@ -478,5 +485,6 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
         if self.report is None:
             return
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            self.report.describe(context.state.cfg)
             curves = {"before": self.curves["before"], **self.references, "after": self.curves["after"]}
             self.folder = write_report(curves, scale_field(self.noise), self.report, self.title)

@@ -289,7 +289,8 @@ def format_sweep(report: dict[str, Any]) -> str:
 
 def plot_sweep(report: dict[str, Any], path: str) -> bool:
     """Recovery (with intervals) and task loss against noise level, one column per swept mechanism; a PNG at
-    ``path``. Returns False (and writes nothing) without matplotlib."""
+    ``path``, titled from the report's ``provenance`` when it has one. Returns False (and writes nothing) without
+    matplotlib."""
     try:
         import matplotlib
 
@@ -334,6 +335,10 @@ def plot_sweep(report: dict[str, Any], path: str) -> bool:
         top.set(ylabel="tokens recovered (%)", title=mechanism, ylim=(-3, 103))
         top.legend()
         bottom.set(ylabel="held-out loss (nats/token)")
+    settings = (report.get("provenance") or {}).get("settings")
+    if settings:  # the title from the report's provenance: what was audited, by which version
+        version = report["provenance"].get("plugin_version")
+        figure.suptitle(f"privacy audit: model {settings.get('model')}, data {settings.get('data')}, plugin {version}")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
