@@ -1,12 +1,14 @@
-"""Packaging: Python version, the nemo_run.cli entry point, and `nemo --help` with the plugin installed."""
+"""Packaging: Python version, the nemo_run.cli entry point, `nemo --help`, and the presets of configs/ in the wheel."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tomllib
 import zipfile
 from importlib import metadata
@@ -50,32 +52,55 @@ def test_importing_the_cli_entry_point_is_cheap():
     assert result.stdout.strip() == "False"
 
 
-def test_the_wheel_ships_the_presets_and_the_corpus(tmp_path):
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)]
-    result = subprocess.run(
-        [*build, str(REPO)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+CONFIGS = sorted(path.relative_to(REPO).as_posix() for path in (REPO / "configs").glob("*/*.yaml"))
+
+
+def _build_wheel(source: pathlib.Path, into: pathlib.Path) -> pathlib.Path:
+    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(into)]
+    result = subprocess.run([*build, str(source)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    (wheel,) = tmp_path.glob("nemo_noise_plugin-*.whl")
+    (wheel,) = into.glob("nemo_noise_plugin-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> pathlib.Path:
+    """The wheel built from the checkout, as ``pip wheel .`` builds it."""
+    return _build_wheel(REPO, tmp_path_factory.mktemp("wheel"))
+
+
+def test_the_wheel_ships_configs_as_the_package_presets_and_the_corpus(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    presets = {name for name in names if name.startswith("nemo_noise_plugin/presets/") and name.endswith(".yaml")}
-    assert "nemo_noise_plugin/presets/noise/neftune_alpha5.yaml" in presets
-    assert "nemo_noise_plugin/presets/kd/forward_kl_t2.yaml" in presets
-    assert len(presets) == len(list((REPO / "nemo_noise_plugin" / "presets").glob("*/*.yaml")))
+    presets = sorted(name for name in names if name.endswith(".yaml"))
+    assert presets == [f"nemo_noise_plugin/{name}" for name in CONFIGS]  # no copy left in nemo_noise_plugin/presets/
+    assert "nemo_noise_plugin/configs/noise/neftune_alpha5.yaml" in presets
+    assert "nemo_noise_plugin/configs/kd/forward_kl_t2.yaml" in presets
     assert "nemo_noise_plugin/data/corpus.txt" in names
-    assert not any(name.startswith(("tests/", "nemo_noise_plugin/testing/")) for name in names)
+    assert not any(name.startswith(("tests/", "recipes/", "nemo_noise_plugin/testing/")) for name in names)
 
 
-@pytest.mark.slow
-def test_the_wheel_installed_outside_the_checkout_runs_its_commands_and_presets(tmp_path):
-    """A fresh virtual environment holding only the built wheel (dependencies borrowed from this one)."""
-    wheels, venv, elsewhere = tmp_path / "wheels", tmp_path / "venv", tmp_path / "elsewhere"
+def test_the_sdist_carries_configs_and_a_wheel_built_from_it_ships_them(tmp_path):
+    hook = "import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))"
+    result = subprocess.run([sys.executable, "-c", hook, str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sdist,) = tmp_path.glob("nemo_noise_plugin-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert {"setup.py", *CONFIGS} <= names
+    wheel = _build_wheel(sdist, tmp_path / "wheel")
+    assert {f"nemo_noise_plugin/{name}" for name in CONFIGS} <= set(zipfile.ZipFile(wheel).namelist())
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(wheel, tmp_path_factory):
+    """A fresh virtual environment holding only the built wheel (dependencies borrowed from this one).
+
+    ``(run, python, venv)``: ``run(*args)`` runs a command in a folder outside the checkout, without PYTHONPATH, and
+    returns its output; ``python`` is the environment's interpreter.
+    """
+    root = tmp_path_factory.mktemp("installed_wheel")
+    venv, elsewhere = root / "venv", root / "elsewhere"
     elsewhere.mkdir()
-    build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)]
-    subprocess.run([*build, str(REPO)], check=True, capture_output=True, timeout=300)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
     site = pathlib.Path(
@@ -84,15 +109,46 @@ def test_the_wheel_installed_outside_the_checkout_runs_its_commands_and_presets(
     )  # fmt: skip
     dependencies = pathlib.Path(sysconfig.get_paths()["purelib"])
     (site / "borrowed_dependencies.pth").write_text(f"{dependencies}\n")  # appended after the venv's own packages
-    (wheel,) = wheels.glob("nemo_noise_plugin-*.whl")
     install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)]
     subprocess.run(install, check=True, capture_output=True, timeout=300)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
-    def run(*args: str) -> str:
-        result = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, cwd=elsewhere)
+    def run(*args: str | os.PathLike[str]) -> str:
+        result = subprocess.run(
+            [str(a) for a in args], capture_output=True, text=True, timeout=600, cwd=elsewhere, env=env
+        )
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         return result.stdout
 
+    return run, python, venv
+
+
+@pytest.mark.slow  # about 30 s on 2 cores: a virtual environment, the install, a fresh import of torch
+def test_the_installed_wheel_finds_every_preset_of_configs_without_the_checkout(installed_wheel):
+    run, python, venv = installed_wheel
+    check = (
+        "import json, pathlib, sys, nemo_noise_plugin as p; "
+        "from nemo_noise_plugin.distillation.config import load_kd_config; "
+        "from nemo_noise_plugin.presets import available_presets, preset_path; "
+        "repo = pathlib.Path(sys.argv[1]); "
+        "print(json.dumps(dict(checkout_on_path=any(pathlib.Path(e or '.').resolve() == repo for e in sys.path), "
+        "package=str(p.__file__), preset=str(preset_path('noise', 'neftune_alpha5')), "
+        "alpha=p.load_noise_config('neftune_alpha5').alpha, temperature=load_kd_config('forward_kl_t2').temperature, "
+        "noise=available_presets('noise'), kd=available_presets('kd'))))"
+    )
+    found = json.loads(run(python, "-c", check, REPO))
+    assert not found["checkout_on_path"]
+    assert pathlib.Path(found["package"]).is_relative_to(venv)
+    assert pathlib.Path(found["preset"]).is_relative_to(venv)
+    assert found["preset"].endswith("nemo_noise_plugin/configs/noise/neftune_alpha5.yaml")
+    assert (found["alpha"], found["temperature"]) == (5.0, 2.0)
+    assert found["noise"] == sorted(path.stem for path in (REPO / "configs" / "noise").glob("*.yaml"))
+    assert found["kd"] == sorted(path.stem for path in (REPO / "configs" / "kd").glob("*.yaml"))
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_outside_the_checkout_runs_its_commands_and_presets(installed_wheel):
+    run, python, venv = installed_wheel
     check = (
         "import pathlib, sys, nemo_noise_plugin as p; from nemo_noise_plugin.corpus import corpus_bytes; "
         "from nemo_noise_plugin.distillation.config import load_kd_config; "

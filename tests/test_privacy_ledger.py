@@ -180,7 +180,7 @@ def test_ledger_command_reports_config_errors_by_field():
 
 
 def test_ledger_command_reads_a_preset_by_path_too():
-    path = REPO / "nemo_noise_plugin" / "presets" / "noise" / "dp_gaussian_mechanism.yaml"
+    path = REPO / "configs" / "noise" / "dp_gaussian_mechanism.yaml"
     assert run_ledger([f"config={path}", "sequence_length=4"]) == run_ledger(
         [f"config={GAUSSIAN_PRESET}", "sequence_length=4"]
     )

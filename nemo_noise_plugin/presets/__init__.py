@@ -1,7 +1,11 @@
-"""Named presets of the plugin's configs, shipped as package data: ``noise/*.yaml`` and ``kd/*.yaml``.
+"""Named presets of the plugin's configs: the repository's ``configs/noise/*.yaml`` and ``configs/kd/*.yaml``.
 
 ``load_noise_config("neftune_alpha5")`` and ``load_kd_config("forward_kl_t2")`` read them by name; both also take a
 path to a YAML file of the config's fields. ``available_presets("noise")`` lists the names.
+
+``configs/`` at the top level is the one source. An installed wheel carries a copy inside the package,
+``nemo_noise_plugin/configs/`` (setup.py's build step puts it there); a checkout or an editable install has no such
+folder and reads ``configs/`` next to the package.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +24,21 @@ __all__ = ["PRESET_KINDS", "available_presets", "load_config_yaml_fields", "pres
 PRESET_KINDS: tuple[str, ...] = ("noise", "kd")
 
 
-def _preset_folder(kind: str) -> Any:
+def _configs_folder() -> Traversable:
+    """The wheel's ``nemo_noise_plugin/configs/`` when installed, else the checkout's top-level ``configs/``."""
+    installed = resources.files("nemo_noise_plugin").joinpath("configs")
+    if installed.is_dir():
+        return installed
+    checkout = Path(__file__).resolve().parents[2] / "configs"
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(f"the presets are missing: neither {installed} nor {checkout} is a folder.")
+
+
+def _preset_folder(kind: str) -> Traversable:
     if kind not in PRESET_KINDS:
         raise ValueError(f"preset kind {kind!r} is invalid: expected one of {', '.join(PRESET_KINDS)}.")
-    return resources.files(__name__).joinpath(kind)
+    return _configs_folder().joinpath(kind)
 
 
 def available_presets(kind: str) -> list[str]:
