@@ -84,6 +84,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="skip the control run (the same steps without noise) that the report compares against",
     )
     parser.add_argument("--output-dir", default="outputs/main_job", help="report, plot and data (default %(default)s)")
+    parser.add_argument(
+        "--keep-last",
+        type=int,
+        metavar="N",
+        help="after the report, keep only the newest N report folders and checkpoints of the recipe in --output-dir "
+        "(never the ones reports/latest and the checkpoint tracker name); default: keep all",
+    )
     parser.add_argument("--noise-config", help="a noise preset name (e.g. gaussian) or a YAML of NoiseConfig fields")
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
     for flag, family in _MAGNITUDE_FLAGS.items():
@@ -204,6 +211,8 @@ def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
             label=f"recipe {args.recipe}",
             control=args.control,
             clean_pretrain_steps=RECIPES[args.recipe].clean_pretrain_steps if pretrain is None else pretrain,
+            recipe=args.recipe,
+            keep_last=args.keep_last,
         )
     except ValueError as error:  # the plugin's settings, re-validated before the model is built
         print(f"error: {error}", file=sys.stderr)

@@ -23,6 +23,7 @@ embedded corpus), else raises ``GPUUnavailableError`` before it imports Bridge o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,14 @@ def launch(
 
 
 def launch_with_report(
-    config: Any, *, output_dir: str, label: str, control: bool = True, clean_pretrain_steps: int = 0
+    config: Any,
+    *,
+    output_dir: str,
+    label: str,
+    control: bool = True,
+    clean_pretrain_steps: int = 0,
+    recipe: str | None = None,
+    keep_last: int | None = None,
 ) -> Path | None:
     """Train a recipe on the embedded corpus with progress lines, then write the robustness report.
 
@@ -133,10 +141,15 @@ def launch_with_report(
     the same recipe, steps and seed without noise, and the report shows its curve as ``no noise`` beside ``after``:
     what noise training changed, against what training alone did, with a verdict per noise level (``better``,
     ``worse`` or ``no difference``: ``robustness.compare_to_control``, a paired interval over the held-out batches).
+
+    Every report JSON holds the run's ``provenance`` (``provenance.run_provenance`` with ``recipe``) and the figure
+    titles come from it. ``keep_last`` (an integer >= 1) keeps, after a report is written, only the newest that many
+    report folders (``artifacts.prune_reports``) and checkpoints under ``config.checkpoint.save``
+    (``artifacts.prune_checkpoints``; on rank 0 only).
     """
-    from nemo_noise_plugin.artifacts import RunReport
+    from nemo_noise_plugin.artifacts import RunReport, prune_checkpoints
     from nemo_noise_plugin.batches import is_finetuning_dataset
-    from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS
+    from nemo_noise_plugin.provenance import run_provenance, run_title
     from nemo_noise_plugin.robustness import RobustnessReport
     from nemo_noise_plugin.training.progress import ProgressLine
     from nemo_noise_plugin.training.warm_start import CaptureWeights, StartFromWeights
@@ -144,6 +157,7 @@ def launch_with_report(
     on_gpu = cuda_available()
     if clean_pretrain_steps < 0:
         raise ValueError(f"clean_pretrain_steps={clean_pretrain_steps} is invalid: expected an integer >= 0.")
+    run_report = RunReport(output_dir, recipe=recipe, keep_last=keep_last)  # checks keep_last before any training
     where = ", Bridge's training loop" if on_gpu else ""
     print(f"== nemo-noise-plugin main job: {label} on the embedded corpus{where} ==")
     noise = config.model.noise
@@ -170,12 +184,10 @@ def launch_with_report(
         )
         if "after" in reference.curves:  # absent when the control stopped before its last iteration
             references["no noise"] = reference.curves["after"]
-    field = MAGNITUDE_FIELDS[noise.mechanism]
-    title = f"{label}: {noise.mechanism} {field}={getattr(noise, field)}, {config.train.train_iters} steps"
+    title = run_title({**run_provenance(config, recipe), "recipe": recipe or label})  # "noise off" without noise
     if clean_pretrain_steps:
         title += f" after {clean_pretrain_steps} clean"
     print(f"-- noise training: {title} --")
-    run_report = RunReport(output_dir)
     report = RobustnessReport(noise, run_report, title, references)
     callbacks = [*start, report, ProgressLine()]
     if is_finetuning_dataset(config.dataset):  # instruction recipes: held-out exact match, HF export, generation
@@ -185,6 +197,10 @@ def launch_with_report(
     launch(config, callbacks=callbacks, allow_cpu_loop=True)
     if "after" not in report.curves:
         print("no robustness report: training ended before its last iteration")
+    elif keep_last is not None and config.checkpoint.save and int(os.environ.get("RANK", "0")) == 0:
+        deleted = prune_checkpoints(config.checkpoint.save, keep_last)
+        if deleted:
+            print(f"--keep-last {keep_last}: deleted {len(deleted)} older checkpoint(s) under {config.checkpoint.save}")
     return report.folder
 
 
