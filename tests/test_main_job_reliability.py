@@ -138,15 +138,17 @@ def test_an_interrupt_at_a_random_point_keeps_the_folder_consistent_and_a_rerun_
         assert _latest(output_dir)[0] != before[0], (seed, stderr[-3000:])
         assert _latest(output_dir)[1] == uninterrupted_report, seed
         return
-    assert process.returncode == 130, (seed, stderr[-3000:])
+    assert process.returncode == 128 + signum, (seed, stderr[-3000:])  # 130 for Ctrl-C, 143 for SIGTERM
     assert "Traceback" not in stderr, (seed, stderr[-3000:])
     (message,) = [line for line in stderr.splitlines() if line.strip()]
-    assert message.startswith(f"{word}: this run's report was not written; kept: everything already in")
+    assert message.startswith(f"{word}: this run's report was not written (earlier reports in"), message
     assert _latest(output_dir) == before, seed  # the old consistent state
     reports = output_dir / "tiny_noise_sft" / "reports"
     assert [name for name in os.listdir(reports) if ".partial" in name] == [], seed
     assert not [path for path in checkpoints.rglob("*.partial")], seed
     saved_before_the_interrupt = set(checkpoints.rglob("cpu_state-*.pt")) - earlier_states
+    assert ("no checkpoint was saved yet" in message) == (not saved_before_the_interrupt), (seed, message)
+    assert all(str(path) in message for path in saved_before_the_interrupt), (seed, message)
 
     rerun = _main_job("--steps", "3", "--output-dir", str(output_dir))
     assert rerun.returncode == 0, (seed, rerun.stderr[-3000:])

@@ -5,27 +5,82 @@
     torchrun --nproc-per-node 8 -m nemo_noise_plugin.cli.finetune --factory llama31_8b_noise_sft train.train_iters=100
 
 A thin parser over ``training.finetune.run_finetune``. Bridge's own output (its configuration summary, its line per
-step) goes to ``bridge.log`` in the run folder (``bridge.rank<N>.log`` for rank N), and with ``-v`` here too.
+step) goes to ``bridge.log`` in the run folder (``bridge.rank<N>.log`` for rank N), and with ``-v`` here too. Errors
+end as every front door's do (``cli.exits``): one line, status 2 for a usage error, 1 for a failed run, 130/143 for
+an interrupt. ``--factory`` takes recipe arguments too, as ``nemo`` does: ``-f "tiny_noise_sft(seq_length=64)"``.
 """
 
 from __future__ import annotations
 
-import argparse
+import ast
+import inspect
+import os
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from nemo_noise_plugin.artifacts import check_output_dir
 from nemo_noise_plugin.cli.console import quiet_third_party
+from nemo_noise_plugin.cli.exits import UsageParser, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus
 from nemo_noise_plugin.recipes import RECIPES
 from nemo_noise_plugin.training.bridge_console import bridge_log
-from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune
-from nemo_noise_plugin.training.launch import GPUUnavailableError
+from nemo_noise_plugin.training.finetune import FinetuneError, load_recipe, run_finetune
 
-__all__ = ["main"]
+__all__ = ["check_recipe_arguments", "check_to_yaml", "main", "recipe_with_arguments"]
+
+_CALL = re.compile(r"^\s*([\w.:]+)\s*\((.*)\)\s*$", re.DOTALL)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def check_to_yaml(to_yaml: str | None) -> None:
+    """``--to-yaml PATH``: its folder created if missing and checked writable, before the config is built;
+    ``ValueError`` naming the option otherwise (``-``, standard output, needs nothing)."""
+    if to_yaml is None or to_yaml == "-":
+        return
+    if os.path.isdir(to_yaml):
+        raise ValueError(f"--to-yaml={to_yaml!r} is invalid: it is a folder; expected a file path, e.g. run.yaml.")
+    check_output_dir(os.path.dirname(to_yaml) or ".", f"--to-yaml={to_yaml!r}: its folder")
+
+
+def check_recipe_arguments(name: str, recipe: Callable[..., Any], arguments: dict[str, Any]) -> None:
+    """``FinetuneError`` naming an argument ``recipe`` does not take (``-f "tiny_noise_sft(bogus=1)"``) and its
+    arguments."""
+    parameters = inspect.signature(recipe).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    for key, value in arguments.items():
+        if key not in parameters:
+            allowed = ", ".join(p for p in parameters if parameters[p].kind is not inspect.Parameter.VAR_POSITIONAL)
+            raise FinetuneError(
+                f"--factory {name}: {key}={value!r} is invalid: {name} takes no argument {key!r}; "
+                f"its arguments: {allowed or '(none)'}."
+            )
+
+
+def recipe_with_arguments(factory: str) -> tuple[str, Callable[[], Any]] | None:
+    """``name(key=value, ...)`` as a recipe call: ``(name, function)``, the arguments checked; None for a plain name."""
+    match = _CALL.match(factory)
+    if match is None:
+        return None
+    name, text = match.groups()
+    try:
+        call = ast.parse(f"f({text})", mode="eval").body
+        if call.args:
+            raise ValueError("positional")
+        arguments = {keyword.arg: ast.literal_eval(keyword.value) for keyword in call.keywords}
+    except (SyntaxError, ValueError):
+        raise FinetuneError(
+            f"--factory {factory!r} is invalid: expected name or name(key=value, ...) with Python literals, "
+            "e.g. tiny_noise_sft(seq_length=64)."
+        ) from None
+    recipe = load_recipe(name)
+    check_recipe_arguments(name, recipe, arguments)
+    return name, lambda: recipe(**arguments)
+
+
+def _parser() -> UsageParser:
+    parser = UsageParser(
         prog="python -m nemo_noise_plugin.cli.finetune",
         description="Noise fine-tuning / noisy-student distillation on Megatron-Bridge's training loop.",
         epilog="Factories: " + ", ".join(sorted(RECIPES)) + ". Under torchrun every rank runs this command.",
@@ -56,23 +111,29 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Returns the exit status (2 for usage errors, 1 for a missing GPU)."""
+    """Returns the exit status (``cli.exits``: 2 usage error, 1 failed run or no GPU, 130/143 interrupted)."""
     parser = _parser()
     args = parser.parse_intermixed_args(argv)
     if args.dryrun or args.to_yaml is not None:
         hide_gpus()
     quiet_third_party(args.verbose)
-    try:
+    stop_on_sigterm()
+
+    def run() -> None:
+        check_to_yaml(args.to_yaml)
+        called = recipe_with_arguments(args.factory)
+        name, recipe = called if called is not None else (args.factory, args.factory)
         with bridge_log(args.verbose):  # Bridge's own output in the run folder's bridge.log (and here with -v)
             run_finetune(
-                args.factory, args.overrides, config_file=args.config_file, dryrun=args.dryrun, to_yaml=args.to_yaml
+                recipe,
+                args.overrides,
+                factory=name,
+                config_file=args.config_file,
+                dryrun=args.dryrun,
+                to_yaml=args.to_yaml,
             )
-    except FinetuneError as error:
-        parser.error(str(error))
-    except GPUUnavailableError as error:
-        print(f"{parser.prog}: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+
+    return run_command(run, prefix=f"{parser.prog}: error")
 
 
 if __name__ == "__main__":  # Bridge's checkpoint-save workers re-import the launching module

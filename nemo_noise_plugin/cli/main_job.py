@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nemo_noise_plugin.artifacts import ArtifactWriteError, check_output_dir
+from nemo_noise_plugin.artifacts import check_output_dir
 from nemo_noise_plugin.cli.console import quiet_third_party
+from nemo_noise_plugin.cli.exits import (
+    EXIT_USAGE,
+    UsageParser,
+    run_command,
+    stop_on_sigterm,
+)
 from nemo_noise_plugin.noise.config import (
     LENGTH_SCALED_MECHANISMS,
     MAGNITUDE_FIELDS,
@@ -43,7 +48,6 @@ MECHANISM_FLAGS: dict[str, tuple[str, ...]] = {
     "scaling": LENGTH_SCALED_MECHANISMS,
 }
 """The main job's noise flags and the mechanisms that use them."""
-EXIT_USAGE, EXIT_FAILED, EXIT_INTERRUPTED = 2, 1, 130
 DEFAULT_STEPS = 30
 STEPS_BY_RECIPE = {"tiny_noise_sft": 60}
 """``--steps`` when not given. The default recipe trains 60 steps (1-2 CPU minutes with its control): at 30 its report
@@ -51,13 +55,9 @@ measured no overall difference from the control, at 60 a measured trade-off (low
 higher clean loss); the runs are in docs/cli.md ("Does noise training beat the control?")."""
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, turned into the same clean stop as Ctrl-C."""
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The main job's options, checked (an invalid value exits with status 2 and one line naming it)."""
-    parser = argparse.ArgumentParser(prog="python -m nemo_noise_plugin", description=__doc__.splitlines()[0])
+    parser = UsageParser(prog="python -m nemo_noise_plugin", description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", choices=MAIN_JOB_RECIPES, default="tiny_noise_sft", help="default tiny_noise_sft")
     parser.add_argument(
         "--steps",
@@ -146,20 +146,12 @@ def _option(field: str) -> str:
     return "--" + field.replace("_", "-")
 
 
-def _stop_on_sigterm() -> None:
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted()
-
-    signal.signal(signal.SIGTERM, interrupt)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the main job; returns the exit status (2 invalid options, 1 failed run, 130 interrupted)."""
+    """Run the main job; returns the exit status (``cli.exits``: 2 invalid options, 1 failed run, 130 interrupted,
+    143 terminated)."""
     args = parse_args(argv)
     quiet_third_party(args.verbose)
-    from nemo_noise_plugin.training.progress import NonFiniteLossError  # after quieting: it imports Bridge
-
-    _stop_on_sigterm()
+    stop_on_sigterm()
     run_dir = Path(args.output_dir) / args.recipe
     try:
         noise = build_noise_config(args)
@@ -173,25 +165,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    try:
+
+    def run() -> int:
         with bridge_log(args.verbose), run_folder(run_dir):  # Bridge's own output: <run dir>/bridge.log
             return _run(args, noise)
-    except KeyboardInterrupt as interrupt:
-        how = "terminated" if isinstance(interrupt, Interrupted) else "interrupted"
-        print(
-            f"\n{how}: this run's report was not written; kept: everything already in {run_dir} "
-            "(earlier reports, the dataset, and the checkpoints saved so far, from which the same command resumes).",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
-    except (ArtifactWriteError, NonFiniteLossError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_FAILED
-    except RuntimeError as error:  # Megatron's rerun state machine on a NaN/Inf loss in Bridge's loop
-        if "Unexpected result" not in str(error):
-            raise
-        print(f"error: {str(error).splitlines()[-1]}; training stopped.", file=sys.stderr)
-        return EXIT_FAILED
+
+    return run_command(run, interrupted=f"this run's report was not written (earlier reports in {run_dir} are kept); ")
 
 
 def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:

@@ -48,12 +48,14 @@ from nemo_noise_plugin.cli.console import (
     quiet_third_party,
     running_the_nemo_command,
 )
+from nemo_noise_plugin.cli.exits import run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
 
 quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
 if running_the_nemo_command():
     hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
+from nemo_noise_plugin.cli.finetune import check_recipe_arguments, check_to_yaml  # noqa: E402
 from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402
 from nemo_noise_plugin.training.executor_settings import EXECUTOR_FACTORIES, build_executor  # noqa: E402
 from nemo_noise_plugin.training.executors import launch_finetune  # noqa: E402
@@ -132,10 +134,13 @@ def _resolve_factory(name: str) -> Any:
 def _recipe_factory(name: str, path: str) -> Callable[..., Any]:
     """A NeMo-Run factory calling the recipe at ``path`` (imported on call, so ``nemo`` starts without Bridge)."""
 
-    def factory(**kwargs: Any) -> Any:
-        return recipe_function(path)(**kwargs)
-
     module, _, function = path.partition(":")
+
+    def factory(**kwargs: Any) -> Any:
+        recipe = recipe_function(path)
+        check_recipe_arguments(function.removesuffix("_config"), recipe, kwargs)  # a typo: one line, not a TypeError
+        return recipe(**kwargs)
+
     factory.__module__, factory.__name__, factory.__qualname__ = module, function, function
     factory.__doc__ = f"Recipe {path} (a Megatron-Bridge ConfigContainer)."
     return factory
@@ -202,13 +207,13 @@ class FinetuneRunContext(RunContext):
             )
             self.config_file = config_file
             self.verbose = verbose
-            try:
+            stop_on_sigterm()
+            if verbose:  # full tracebacks
                 self.cli_execute(fn, ctx.args)
-            except RunContextError as error:
-                if verbose:
-                    raise
-                typer.echo(f"Error: {error}", err=True)
-                raise typer.Exit(code=1) from None
+                return
+            status = run_command(lambda: self.cli_execute(fn, ctx.args), prefix="Error")  # cli.exits: 2, 1, 130, 143
+            if status:
+                raise typer.Exit(code=status)
 
         return command
 
@@ -217,6 +222,7 @@ class FinetuneRunContext(RunContext):
             raise RunContextError(f"--factory is required; available: {', '.join(registered_factories())}.")
         executor_name, executor_settings, overrides = split_executor_arguments(args)
         try:
+            check_to_yaml(self.to_yaml)
             if executor_name is not None and self.to_yaml is None:
                 executor = self._executor(executor_name, executor_settings)
                 launch_finetune(
@@ -239,7 +245,7 @@ class FinetuneRunContext(RunContext):
                 to_yaml=self.to_yaml,
                 confirm=self._confirm,
             )
-        except (FinetuneError, GPUUnavailableError) as error:
+        except (FinetuneError, GPUUnavailableError, ValueError) as error:
             raise RunContextError(str(error)) from error
 
     def _executor(self, name: str, settings: list[str]) -> Any:

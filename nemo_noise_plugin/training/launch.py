@@ -19,6 +19,13 @@ It decides three things from the config, so a recipe only has to return one:
 
 Bridge's loop needs a GPU. Without one, ``launch`` runs the CPU loop when the caller allows it (recipes on the
 embedded corpus), else raises ``GPUUnavailableError`` before it imports Bridge or writes anything.
+
+Before either loop starts, ``check_run_settings`` turns the mistakes that Megatron would find only after start-up
+(or, for the checkpoint folder, after training) into one ``ValueError`` naming the setting: a ``checkpoint.save``
+that cannot be written, a micro batch that does not divide the global batch, a sequence length that differs from the
+dataset's. A dataset path with spaces (a run folder such as ``/tmp/my runs``) is kept whole: Bridge splits a
+``data_path`` string at whitespace into several datasets. ``saved_checkpoints`` says which checkpoints this process's
+runs have on disk (what an interrupt leaves).
 """
 
 from __future__ import annotations
@@ -33,10 +40,12 @@ from nemo_noise_plugin.bridge_imports import import_bridge, use_prebuilt_dataset
 __all__ = [
     "GPU_REQUIRED_MESSAGE",
     "GPUUnavailableError",
+    "check_run_settings",
     "forward_step_for",
     "launch",
     "launch_with_report",
     "require_gpu",
+    "saved_checkpoints",
     "training_entry_for",
 ]
 
@@ -60,6 +69,71 @@ def require_gpu() -> None:
     """Raise ``GPUUnavailableError`` unless CUDA is available."""
     if not cuda_available():
         raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
+
+
+_BRIDGE_SAVE_FOLDERS: list[Path] = []
+"""``checkpoint.save`` of the runs this process started in Bridge's loop (``saved_checkpoints`` looks there)."""
+
+
+def saved_checkpoints() -> list[str]:
+    """The checkpoints of this process's runs that exist on disk now: CPU-loop state files, Bridge's folders."""
+    from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint
+
+    found = [str(path) for path in CpuCheckpoint.on_disk()]
+    for folder in _BRIDGE_SAVE_FOLDERS:
+        tracker = folder / "latest_checkpointed_iteration.txt"  # Bridge writes it after a complete save
+        if tracker.is_file():
+            found.append(f"{folder} (iteration {tracker.read_text().strip()})")
+    return found
+
+
+def check_run_settings(config: Any) -> None:
+    """Check what Megatron would find only after start-up; ``ValueError`` naming the setting, the value and what is
+    allowed. Creates ``checkpoint.save`` (checked writable) and keeps a dataset path with spaces whole."""
+    import os
+
+    from nemo_noise_plugin.artifacts import check_output_dir
+
+    if config.checkpoint.save:
+        check_output_dir(config.checkpoint.save, "checkpoint.save")
+    train, model = config.train, config.model
+    parallel = 1
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        parallel *= getattr(model, name, 1) or 1
+    data_parallel = max(1, int(os.environ.get("WORLD_SIZE", "1")) // parallel)
+    micro, global_batch = train.micro_batch_size, train.global_batch_size
+    if not _positive_int(micro):
+        raise ValueError(f"train.micro_batch_size={micro!r} is invalid: expected an integer >= 1.")
+    if global_batch is not None:
+        if not _positive_int(global_batch):
+            raise ValueError(f"train.global_batch_size={global_batch!r} is invalid: expected an integer >= 1.")
+        if global_batch % (micro * data_parallel):
+            per_rank = global_batch // data_parallel if global_batch % data_parallel == 0 else None
+            allowed = [n for n in range(1, per_rank + 1) if per_rank % n == 0] if per_rank else []
+            raise ValueError(
+                f"train.micro_batch_size={micro} is invalid with train.global_batch_size={global_batch} and "
+                f"{data_parallel} data-parallel rank(s): the global batch must be a multiple of micro batch x ranks; "
+                f"expected one of {', '.join(map(str, allowed)) or 'none: change train.global_batch_size'}."
+            )
+    seq_length = getattr(model, "seq_length", None)
+    if seq_length is not None and not _positive_int(seq_length):
+        raise ValueError(f"model.seq_length={seq_length!r} is invalid: expected an integer >= 1.")
+    dataset = config.dataset
+    data_length = getattr(dataset, "seq_length", None)
+    if seq_length is not None and data_length is not None and seq_length != data_length:
+        raise ValueError(
+            f"model.seq_length={seq_length} is invalid: expected dataset.seq_length={data_length} (the model and its "
+            f"data must agree; set both, e.g. model.seq_length={data_length} or also dataset.seq_length={seq_length})."
+        )
+    path = getattr(dataset, "data_path", None)
+    if isinstance(path, str) and len(path.split()) > 1 and os.path.isfile(path + ".idx"):  # one dataset, not several
+        dataset.data_path = [path]
+        if getattr(dataset, "blend", None) == (path.split(), None):
+            dataset.blend = None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def forward_step_for(config: Any) -> Callable:
@@ -103,6 +177,7 @@ def launch(
         raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
     config = apply_overrides(config, list(overrides))
     validate_plugin_settings(config)
+    check_run_settings(config)
     step = forward_step or forward_step_for(config)
     callbacks = [*(callbacks or []), FiniteLossGuard()]
     if not on_gpu:
@@ -113,6 +188,8 @@ def launch(
     from nemo_noise_plugin.training.bridge_console import bridge_output, on_console
 
     use_prebuilt_dataset_helpers()
+    if config.checkpoint.save:
+        _BRIDGE_SAVE_FOLDERS.append(Path(config.checkpoint.save))
     with bridge_output(config):  # the plugin's commands: Bridge's console output to the run folder's bridge.log
         training_entry_for(config)(config, step, callbacks=on_console(callbacks))
 

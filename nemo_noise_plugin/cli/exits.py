@@ -1,0 +1,117 @@
+"""How the plugin's commands end: one exit status per kind of ending, one line on standard error.
+
+Every front door (``python -m nemo_noise_plugin``, ``python -m nemo_noise_plugin.cli.finetune``, ``nemo llm
+finetune``) runs its work through ``run_command``, so the same mistake ends the same way whichever door it came
+through:
+
+- a usage error (an invalid option, override, config file or location: ``ValueError``, ``FinetuneError``) exits 2
+  with one line naming the setting, the value and what is allowed (``UsageParser`` does the same for argparse);
+- a failed run (a loss that is not finite, a report or checkpoint that cannot be written, no GPU) exits 1 with one
+  line; a full disk is named as such;
+- Ctrl-C exits 130, SIGTERM 143 (``stop_on_sigterm``), with one line saying truthfully whether and where a
+  checkpoint exists (``training.launch.saved_checkpoints``).
+
+``--verbose`` keeps the one line and adds nothing; a bug (any other exception) still shows its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import signal
+import sys
+from collections.abc import Callable
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
+    "EXIT_USAGE",
+    "Terminated",
+    "UsageParser",
+    "checkpoint_sentence",
+    "describe_failure",
+    "run_command",
+    "stop_on_sigterm",
+]
+
+EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 1, 2, 130, 128 + signal.SIGTERM
+
+_DISK_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded"}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into the same clean stop as Ctrl-C (exit status 143 instead of 130)."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise ``Terminated`` in the main thread, so the run stops as it does on Ctrl-C."""
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (``prog: error: ...``) and exit status 2, without the usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"{self.prog}: error: {_one_line(message)} (--help lists the options)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def checkpoint_sentence() -> str:
+    """Whether and where this process's runs have a checkpoint on disk now, in words."""
+    from nemo_noise_plugin.training.launch import saved_checkpoints
+
+    saved = saved_checkpoints()
+    if not saved:
+        return "no checkpoint was saved yet, so the same command starts from iteration 0"
+    return f"checkpoint{'s' if len(saved) > 1 else ''}: {', '.join(saved)} (the same command resumes from there)"
+
+
+def describe_failure(error: BaseException) -> tuple[int, str] | None:
+    """``(exit status, one line)`` for an error that is the user's or the machine's, not a bug; else None."""
+    from nemo_noise_plugin.training.finetune import FinetuneError
+
+    for name in ("NonFiniteLossError", "GPUUnavailableError", "ArtifactWriteError", "CheckpointWriteError"):
+        if any(kind.__name__ == name for kind in type(error).__mro__):  # their messages name the file and reason
+            return EXIT_FAILED, _one_line(error.strerror if isinstance(error, OSError) and error.strerror else error)
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        where = f" writing {error.filename}" if error.filename else ""
+        return EXIT_FAILED, f"{_DISK_FULL[error.errno]}{where} ({_one_line(error.strerror or error)})"
+    if isinstance(error, (ValueError, FinetuneError)):
+        return EXIT_USAGE, _one_line(error)
+    if type(error).__name__ == "RunContextError":  # NeMo-Run's; from one of the errors above: that one's status
+        cause = describe_failure(error.__cause__) if error.__cause__ is not None else None
+        return (cause[0] if cause else EXIT_USAGE), _one_line(error)
+    if isinstance(error, RuntimeError) and "Unexpected result" in str(error):  # Megatron's rerun state machine
+        return EXIT_FAILED, f"{str(error).splitlines()[-1]}; training stopped."
+    return None
+
+
+def run_command(body: Callable[[], int | None], *, interrupted: str = "", prefix: str = "error") -> int:
+    """Run ``body`` and return its exit status: 0 (or its own), 2, 1, 130 or 143 as the module docstring says.
+
+    ``interrupted`` starts the interrupt line (e.g. "this run's report was not written; "); ``prefix`` starts an
+    error line (``error: ...`` or ``prog: error: ...``).
+    """
+    try:
+        return body() or 0
+    except KeyboardInterrupt as interrupt:
+        terminated = isinstance(interrupt, Terminated)
+        how = "terminated" if terminated else "interrupted"
+        print(f"\n{how}: {interrupted}{checkpoint_sentence()}.", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    except Exception as error:
+        known = describe_failure(error)
+        if known is None:
+            raise
+        status, line = known
+        print(f"{prefix}: {line}", file=sys.stderr)
+        return status
