@@ -273,3 +273,17 @@ def test_the_main_job_offers_keep_last_in_its_help(capsys):
     assert main_job.parse_args(["--keep-last", "3"]).keep_last == 3
     assert main_job.parse_args([]).keep_last is None
     assert {"keep_last", "recipe"} <= set(inspect.signature(launch_with_report).parameters)
+
+
+@pytest.mark.parametrize("bridge_state", [None], indirect=True, ids=["unpacked"])
+def test_each_line_of_the_audit_callback_holds_the_provenance_without_the_config(bridge_state, tmp_path):
+    from nemo_noise_plugin.audit_report import PrivacyAuditCallback
+    from nemo_noise_plugin.provenance import compact_provenance
+
+    state, model = bridge_state
+    callback = PrivacyAuditCallback(state.cfg.model.noise, str(tmp_path), held_out_batches=1, recipe="tiny_chat")
+    callback.on_eval_end(_context(state, model, {}))
+    (line,) = (tmp_path / "privacy_audit.jsonl").read_text().splitlines()
+    provenance = json.loads(line)["provenance"]
+    assert provenance == compact_provenance(run_provenance(state.cfg, "tiny_chat"))
+    assert "config" not in provenance and len(provenance["config_sha256"]) == 64
