@@ -155,8 +155,8 @@ def prune_checkpoints(checkpoints: str | os.PathLike[str], keep: int) -> list[Pa
 class RunReport:
     """One run's report files, moved into ``<root>/reports/<run_id>/`` together when ``finish`` is called.
 
-    ``recipe`` names the run's recipe in its provenance (``describe``); ``keep_last`` (an integer >= 1) deletes all
-    but the newest that many report folders after ``finish`` (``prune_reports``).
+    ``recipe`` names the run's recipe in its provenance (``provenance.describe_report``); ``keep_last`` (an integer
+    >= 1) deletes all but the newest that many report folders after ``finish`` (``prune_reports``).
     """
 
     def __init__(
@@ -176,13 +176,11 @@ class RunReport:
         """What the run was (``describe``), written under ``provenance`` into every JSON file of the report."""
         self._partial: Path | None = None
 
-    def describe(self, config: Any) -> dict[str, Any]:
-        """Record ``run_provenance(config, recipe)`` of the run's resolved ``ConfigContainer`` (the first call's;
-        later calls return it) and return it."""
+    def describe(self, provenance: dict[str, Any]) -> dict[str, Any]:
+        """Record what the run was (``provenance.describe_report`` computes it from the run's config: this floor
+        knows no configs); the first call's record stays. Returns the record."""
         if self.provenance is None:
-            from nemo_noise_plugin.provenance import run_provenance
-
-            self.provenance = run_provenance(config, self.recipe)
+            self.provenance = provenance
         return self.provenance
 
     def _partial_folder(self) -> Path:

@@ -30,7 +30,7 @@ from nemo_noise_plugin.artifacts import RunReport
 from nemo_noise_plugin.batches import collate, recipe_datasets, recipe_tokenizer
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.cpu.parallel import causal_attention_mask
-from nemo_noise_plugin.provenance import run_title
+from nemo_noise_plugin.provenance import describe_report, run_title
 
 __all__ = [
     "FRONTIER_ATTACKS",
@@ -464,7 +464,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
             self._frontier(context, noise, run)
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return
-        title = run_title(self.report.describe(context.state.cfg))
+        title = run_title(describe_report(self.report, context.state.cfg))
         if self.export:
             self._export(context)
         self.report.write_json("task_report.json", self.results)

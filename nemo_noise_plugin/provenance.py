@@ -29,13 +29,13 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def plugin_version() -> str:
-    """The installed distribution's version, else the package's ``__version__`` (a source checkout)."""
+    """The installed distribution's version, else ``pyproject.toml``'s (a source checkout without an install)."""
     try:
         return importlib.metadata.version("nemo-noise-plugin")
     except importlib.metadata.PackageNotFoundError:
-        from nemo_noise_plugin import __version__
-
-        return __version__
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+        return found.group(1) if found else "unknown"
 
 
 def _json_value(value: Any) -> Any:
@@ -187,3 +187,11 @@ def run_title(provenance: dict[str, Any]) -> str:
     noise = "noise off" if level == "off" else f"{provenance['mechanism']} {level['field']}={level['value']:g}"
     where = f"{provenance['recipe']}: " if provenance.get("recipe") else ""
     return f"{where}{noise}, {provenance['train_iters']} steps, seed {provenance['seeds']['rng']}"
+
+
+def describe_report(report: Any, config: Any) -> dict[str, Any]:
+    """Give a ``RunReport`` the provenance of the run's resolved ``ConfigContainer`` (once: the first call's stays,
+    later calls return it), so every JSON file it writes carries it; returns it."""
+    if report.provenance is None:
+        report.describe(run_provenance(config, report.recipe))
+    return report.provenance

@@ -34,7 +34,7 @@ from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.model.make_noisy import make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
-from nemo_noise_plugin.provenance import run_title
+from nemo_noise_plugin.provenance import describe_report, run_title
 
 REPORT_MULTIPLES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 """Noise levels the report sweeps, as multiples of the level the model was trained with (0: no noise)."""
@@ -485,6 +485,6 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
         if self.report is None:
             return
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-            self.report.describe(context.state.cfg)
+            describe_report(self.report, context.state.cfg)
             curves = {"before": self.curves["before"], **self.references, "after": self.curves["after"]}
             self.folder = write_report(curves, scale_field(self.noise), self.report, self.title)

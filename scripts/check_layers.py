@@ -22,7 +22,10 @@ PACKAGE = "nemo_noise_plugin"
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("command line", ("cli", "__main__", "")),
     ("training", ("training",)),
-    ("providers, recipes, reports", ("providers", "recipes", "robustness", "audit_report", "evaluation")),
+    (
+        "providers, recipes, reports",
+        ("providers", "recipes", "robustness", "audit_report", "evaluation", "provenance"),
+    ),
     ("distillation", ("distillation",)),
     ("model", ("model",)),
     ("schedule plan", ("schedule_plan",)),

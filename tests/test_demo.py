@@ -41,7 +41,7 @@ def test_main_job_trains_the_tiny_recipe_and_writes_the_robustness_report(tmp_pa
     assert losses[-1] < losses[0] - 1.0  # it learns the corpus
     latest = tmp_path / "tiny_noise_sft" / "reports" / "latest"  # each run keeps its report under its run id
     report = json.loads((latest / "robustness.json").read_text())
-    assert list(report) == ["before", "no noise", "after"]
+    assert list(report) == ["provenance", "before", "no noise", "after"]
     before, control, after = report["before"], report["no noise"], report["after"]
     assert [point["scale"] for point in before] == [0.0, 2.5, 5.0, 10.0, 20.0, 40.0]
     assert [point["scale"] for point in control] == [point["scale"] for point in after]

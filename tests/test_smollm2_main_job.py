@@ -42,6 +42,6 @@ def test_the_main_job_trains_exports_and_reports_the_real_model(smollm2_hf_dir, 
     assert len(task["transformers_replies"]) == 4
     assert all(isinstance(item["reply"], str) for item in task["transformers_replies"])
     robustness = json.loads((folder / "robustness.json").read_text())
-    assert set(robustness) == {"before", "after"}  # --no-control: no reference curve
+    assert set(robustness) == {"provenance", "before", "after"}  # --no-control: no reference curve
     reports = folder.parent
     assert [name for name in os.listdir(reports) if ".partial" in name] == []
