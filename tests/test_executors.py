@@ -25,6 +25,7 @@ from nemo_run.config import get_nemorun_home, set_nemorun_home
 from nemo_run.core.execution.launcher import Torchrun
 
 from nemo_noise_plugin.training.executor_settings import (
+    EXECUTOR_FACTORIES,
     ExecutorSettingError,
     build_executor,
     check_executor,
@@ -354,6 +355,74 @@ def test_slurm_factory_gives_one_torchrun_rank_per_gpu():
     assert isinstance(executor.get_launcher(), Torchrun)
     assert (executor.nnodes(), executor.nproc_per_node(), executor.ntasks_per_node) == (4, 8, 1)
     assert executor.env_vars["NCCL_DEBUG"] == "WARN" and executor.container_image is None
+
+
+GPUS = 8
+RANK_SETTINGS = {
+    "slurm": (["account=a"], "gpus_per_node", "ntasks_per_node"),
+    "slurm_ssh": (
+        ["account=a", "tunnel.host=login", "tunnel.user=me", "tunnel.job_dir=/jobs"],
+        "gpus_per_node",
+        "ntasks_per_node",
+    ),
+    "docker": ([f"container_image={IMAGE}"], "num_gpus", "ntasks_per_node"),
+    "lepton": (
+        [
+            f"container_image={IMAGE}",
+            "resource_shape=gpu.8xh100-80gb",
+            "node_group=noise-nodes",
+            'mounts=[{"path": "/", "mount_path": "/shared"}]',
+            "nemo_run_dir=/shared/nemo_run",
+        ],
+        "gpus_per_node",
+        "nprocs_per_node",
+    ),
+    "dgxcloud": (
+        [
+            f"container_image={IMAGE}",
+            "base_url=https://dgx.example/api/v1",
+            "kube_apiserver_url=https://k8s.example",
+            "client_id=noise-app",
+            "client_secret=secret",
+            "project_name=noise",
+            'pvcs=[{"name": "ws", "path": "/workspace", "claimName": "ws-pvc"}]',
+            "pvc_nemo_run_dir=/workspace/nemo_run",
+        ],
+        "gpus_per_node",
+        "nprocs_per_node",
+    ),
+}
+"""Per executor that launches on GPUs it requests: its other required settings, the setting that counts GPUs per
+node and the one that counts torchrun ranks per node (docs/cli.md: they must be equal)."""
+
+
+@pytest.mark.parametrize("ranks", [GPUS // 2, GPUS, 2 * GPUS], ids=["fewer", "equal", "more"])
+@pytest.mark.parametrize("name", sorted(RANK_SETTINGS))
+def test_cluster_and_container_executors_run_exactly_one_rank_per_requested_gpu(name, ranks):
+    settings, gpus_key, ranks_key = RANK_SETTINGS[name]
+    executor = build_executor(
+        EXECUTOR_FACTORIES[name](), name, [*settings, f"{gpus_key}={GPUS}", f"{ranks_key}={ranks}"]
+    )
+    if ranks == GPUS:
+        check_executor(executor)
+        assert executor.nproc_per_node() == GPUS
+        return
+    message = rf"^executor\.{ranks_key}={ranks} is invalid: .*one rank per GPU.*executor\.{gpus_key}={GPUS}\.$"
+    with pytest.raises(ExecutorSettingError, match=message):
+        check_executor(executor)
+
+
+@pytest.mark.parametrize("ranks", [GPUS // 2, GPUS, 2 * GPUS], ids=["fewer", "equal", "more"])
+def test_the_local_executor_runs_at_most_one_rank_per_gpu_of_this_machine(ranks):
+    """docs/cli.md: ``executor=local`` may leave GPUs of this machine idle, but never runs two ranks on one."""
+    executor = build_executor(local_executor(), "local", [f"ntasks_per_node={ranks}"])
+    if ranks <= GPUS:
+        check_executor(executor, gpus_here=GPUS)
+        assert executor.nproc_per_node() == ranks
+        return
+    message = rf"^executor\.ntasks_per_node={ranks} is invalid: this machine has {GPUS} GPU\(s\); use at most that\.$"
+    with pytest.raises(ExecutorSettingError, match=message):
+        check_executor(executor, gpus_here=GPUS)
 
 
 def test_verbose_reaches_the_task_through_the_executor_environment(cli_llm):

@@ -305,6 +305,78 @@ def test_all_tokens_include_the_prompt_but_not_padding():
     assert torch.equal(kd_token_mask(data["loss_mask"], "all"), torch.ones_like(data["loss_mask"]))
 
 
+PADDED_SEQ = SEQ + 3
+"""make_inputs' rows (true lengths 6, 4, 5) padded to 9 positions: every row has padding."""
+
+
+def _padded_batch(data: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """make_inputs' real tokens in ``[b, PADDED_SEQ]`` rows, with loss mask and padding mask 0 after each row's true
+    length, and garbage there: logits of +-1e30 and 1e4-sized noise, label ids of other tokens."""
+    generator = torch.Generator().manual_seed(7)
+    lengths = data["padding_mask"].sum(-1).long().tolist()
+    shape = (BATCH, PADDED_SEQ, VOCAB)
+    padded = {key: 1e4 * torch.randn(shape, generator=generator, dtype=torch.float64) for key in ("student", "teacher")}
+    padded["student"][..., 0], padded["teacher"][..., 1] = 1e30, -1e30
+    padded["labels"] = torch.randint(0, VOCAB, (BATCH, PADDED_SEQ), generator=generator)
+    padded["loss_mask"] = torch.zeros(BATCH, PADDED_SEQ, dtype=torch.float64)
+    padded["padding_mask"] = torch.zeros(BATCH, PADDED_SEQ, dtype=torch.float64)
+    for row, length in enumerate(lengths):
+        for key in padded:
+            padded[key][row, :length] = data[key][row, :length]
+    return padded
+
+
+@pytest.mark.parametrize("tokens", ["response", "all"])
+@pytest.mark.parametrize(
+    ("kind", "top_k", "temperature", "ce_weight"),
+    [
+        ("forward_kl", None, 1.0, 1.0),
+        ("forward_kl", 3, 2.0, 0.0),
+        ("reverse_kl", None, 2.0, 0.5),
+        ("jsd", None, 1.0, 0.0),
+    ],
+    ids=["forward_kl-fused_with_ce", "forward_kl-top3-T2", "reverse_kl-T2", "jsd"],
+)
+def test_padded_positions_change_neither_the_loss_nor_its_gradient(tokens, kind, top_k, temperature, ce_weight):
+    """Rows padded with garbage logits and labels, loss mask 0 on the padding (as Bridge's batch has it, and as
+    ``distillation_forward_step`` passes it, without a padding mask), give the loss of the real tokens alone: the
+    unpadded rows laid end to end as one sequence with no padding. ``tokens='all'`` gets the padding mask."""
+    data = make_inputs(3)
+    config = KDConfig(
+        loss=kind, top_k=top_k, temperature=temperature, ce_weight=ce_weight, tokens=tokens, jsd_beta=JSD_BETA
+    )
+    padded = _padded_batch(data)
+    real = padded["padding_mask"].bool()
+    student = padded["student"].clone().requires_grad_()
+    result = combined_distillation_loss(
+        config,
+        student,
+        padded["teacher"],
+        padded["loss_mask"],
+        labels=padded["labels"],
+        padding_mask=padded["padding_mask"] if tokens == "all" else None,
+    )
+    result.loss.backward()
+
+    unpadded = {key: padded[key][real].unsqueeze(0) for key in ("student", "teacher", "labels", "loss_mask")}
+    alone_student = unpadded["student"].clone().requires_grad_()
+    alone = combined_distillation_loss(
+        config, alone_student, unpadded["teacher"], unpadded["loss_mask"], labels=unpadded["labels"]
+    )
+    alone.loss.backward()
+    assert 0 < alone.loss.item() < 100
+    torch.testing.assert_close(result.loss, alone.loss, **TIGHT)
+    for part in ("ce", "kd"):
+        torch.testing.assert_close(result.parts[part], alone.parts[part], **TIGHT)
+    assert (
+        result.num_tokens.item()
+        == alone.num_tokens.item()
+        == (real.sum() if tokens == "all" else data["loss_mask"].sum())
+    )
+    torch.testing.assert_close(student.grad[real], alone_student.grad[0], **TIGHT)
+    assert student.grad[~real].abs().max() == 0
+
+
 def test_masked_token_mean_returns_numerator_and_count_and_ignores_masked_nans():
     per_token = torch.tensor([[1.0, 2.0, float("nan")], [4.0, float("inf"), 6.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]], dtype=torch.float64)
