@@ -31,7 +31,7 @@ def _run(command: list[str], *args: str, timeout: int = 900) -> subprocess.Compl
 def _one_line(result: subprocess.CompletedProcess) -> str:
     """The only line on standard error (apart from torch's import warning); fails on a traceback or more lines."""
     assert "Traceback" not in result.stderr and "│" not in result.stderr, result.stderr[-3000:]
-    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.strip().startswith(KNOWN_NOISE)]
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not any(n in line for n in KNOWN_NOISE)]
     assert len(lines) == 1, result.stderr[-3000:]
     return lines[0]
 
