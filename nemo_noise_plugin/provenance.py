@@ -180,13 +180,15 @@ def compact_provenance(provenance: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in provenance.items() if key != "config"}
 
 
-def run_title(provenance: dict[str, Any]) -> str:
+def run_title(provenance: dict[str, Any], after_clean_steps: int = 0) -> str:
     """A figure title from ``run_provenance``: ``tiny_noise_sft: uniform alpha=5, 60 steps, seed 1234``, with
-    ``noise off`` in place of the mechanism when the run trained without noise."""
+    ``noise off`` in place of the mechanism when the run trained without noise (and ``60 steps after 25 clean``
+    when it started from ``after_clean_steps`` steps of clean pre-training)."""
     level = provenance["level"]
     noise = "noise off" if level == "off" else f"{provenance['mechanism']} {level['field']}={level['value']:g}"
     where = f"{provenance['recipe']}: " if provenance.get("recipe") else ""
-    return f"{where}{noise}, {provenance['train_iters']} steps, seed {provenance['seeds']['rng']}"
+    steps = f"{provenance['train_iters']} steps" + (f" after {after_clean_steps} clean" if after_clean_steps else "")
+    return f"{where}{noise}, {steps}, seed {provenance['seeds']['rng']}"
 
 
 def describe_report(report: Any, config: Any) -> dict[str, Any]:

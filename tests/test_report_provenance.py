@@ -100,6 +100,7 @@ def test_noise_off_is_mechanism_off_and_the_title_says_noise_off(tiny_config):
         run_title(run_provenance(tiny_config, "tiny_noise_sft"))
         == "tiny_noise_sft: uniform alpha=5, 12 steps, seed 1234"
     )
+    assert run_title(provenance, 25) == "tiny_noise_sft: noise off, 12 steps after 25 clean, seed 1234"
 
 
 def test_a_finetuning_dataset_hashes_its_jsonl_files_and_skips_bridges_index_files(tmp_path):

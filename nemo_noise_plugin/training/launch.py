@@ -261,9 +261,7 @@ def launch_with_report(
         )
         if "after" in reference.curves:  # absent when the control stopped before its last iteration
             references["no noise"] = reference.curves["after"]
-    title = run_title({**run_provenance(config, recipe), "recipe": recipe or label})  # "noise off" without noise
-    if clean_pretrain_steps:
-        title += f" after {clean_pretrain_steps} clean"
+    title = run_title({**run_provenance(config, recipe), "recipe": recipe or label}, clean_pretrain_steps)
     print(f"-- noise training: {title} --")
     report = RobustnessReport(noise, run_report, title, references)
     callbacks = [*start, report, ProgressLine()]
