@@ -28,6 +28,9 @@ def bridge_state(tmp_path_factory, megatron_cpu):
     """Bridge's ``GlobalState`` and a model chunk after the tokenizer and data steps of Bridge's ``setup()``."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
+    # Megatron pins the attention backend process-wide (NVTE_* variables) when it builds a model: build this one
+    # from a clean slate (a module fixture is set up before the function-scoped clean_attention_settings runs)
+    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
     root = tmp_path_factory.mktemp("grid")
     tokenizer_dir = write_chat_tokenizer(root / "tokenizer")
     config = tiny_chat_sft_config(root / "run", tokenizer_dir, lr=1e-4, packed_sequence_size=None)
@@ -48,7 +51,10 @@ def bridge_state(tmp_path_factory, megatron_cpu):
     dataset_provider = import_bridge("megatron.bridge.data.utils").get_dataset_provider(config.dataset)
     dataset_provider([16, 8, 0], config.dataset, tokenizer=tokenizer)
     state._tokenizer = tokenizer
-    return state, model
+    yield state, model
+    for name in [name for name in os.environ if name.startswith("NVTE_")]:
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 def test_the_grid_runs_plain_models_first_and_keeps_variants_whole():
