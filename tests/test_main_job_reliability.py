@@ -56,7 +56,7 @@ def test_each_run_keeps_its_report_under_its_run_id(finished_run):
     output_dir, result = finished_run
     run_id, report = _latest(output_dir)
     assert f"reports/{run_id}/robustness.json" in result.stdout
-    assert set(report) == {"before", "no noise", "after"}
+    assert set(report) == {"provenance", "before", "no noise", "after"}
 
 
 def test_verbose_shows_the_third_party_warnings(tmp_path):
