@@ -17,7 +17,7 @@ Grids (``cells_for``):
   held-out loss and exact match per task (validation and test), and free-running greedy answers on the test split
   (length in tokens, verbatim copies of a training answer at ROUGE-L >= 0.9, 2-gram repetition).
 - ``frontier``: the Gaussian mechanism on clipped embeddings (per-token eps 100 / 50 / 20, delta 1e-5) and metric-DP
-  d_chi (eta 100 / 30), both at ``clip_norm`` ``CLIP_NORM``, on the prompt's tokens (``tokens="prompt"``: the user's
+  d_chi (eta 100 / 30; eta 50 with model b only, ``WITHOUT_KD_CELLS``), both at ``clip_norm`` ``CLIP_NORM``, on the prompt's tokens (``tokens="prompt"``: the user's
   question and the template text; the chat markers, special ids, and the model's own answer are not noised). Per
   level: ``<level>`` is fine-tuned with that noise (model b), ``<level>_kd`` the same plus forward-KL distillation
   from the seed's clean fine-tuned ``plain`` model (model c; ``teacher_checkpoint``); ``plain`` is model a, and
@@ -73,7 +73,11 @@ FRONTIER_LEVELS: dict[str, dict[str, Any]] = {
     "gm_eps20": dict(mechanism="gaussian_mechanism", epsilon=20.0, delta=1e-5, **_PRIVATE),
     "mdp_eta100": dict(mechanism="metric_dp", eta=100.0, **_PRIVATE),
     "mdp_eta30": dict(mechanism="metric_dp", eta=30.0, **_PRIVATE),
+    "mdp_eta50": dict(mechanism="metric_dp", eta=50.0, **_PRIVATE),
 }
+WITHOUT_KD_CELLS = frozenset({"mdp_eta50"})
+"""Levels fine-tuned with noise (model b) but not distilled (no model c): the band probe between metric-DP eta 30
+(nearest neighbour recovers 33 % of the question tokens) and eta 100 (99.8 %), added in the second GPU window."""
 
 
 @dataclass(frozen=True)
@@ -123,11 +127,13 @@ def cells_for(grids: Sequence[str], seeds: Sequence[int]) -> list[Cell]:
     private = []
     for level, noise in FRONTIER_LEVELS.items():
         private.append(Cell(level, 0, noise=noise, frontier_levels=(level,)))
-        private.append(Cell(f"{level}_kd", 0, noise=noise, kd=True, frontier_levels=(level,)))
+        if level not in WITHOUT_KD_CELLS:
+            private.append(Cell(f"{level}_kd", 0, noise=noise, kd=True, frontier_levels=(level,)))
     rest = []
-    while neftune or private:  # interleave: two privacy cells, one NEFTune cell
-        rest.extend(private[:2] if frontier else [])
-        private = private[2:]
+    while neftune or private:  # interleave: a privacy level's cells, one NEFTune cell
+        level_cells = 1 if private and private[0].variant in WITHOUT_KD_CELLS else 2
+        rest.extend(private[:level_cells] if frontier else [])
+        private = private[level_cells:]
         rest.extend(neftune[:1] if "neftune" in grids else [])
         neftune = neftune[1:]
     variants.extend(rest)
@@ -593,7 +599,8 @@ def run_grid(args: argparse.Namespace) -> int:
     print(f"grid {args.grid} seeds {seeds}: {len(cells)} cells, {len(cells) - len(todo)} done, {len(todo)} to run")
     start = time.monotonic()
     running: list[Running] = []
-    durations: list[float] = []
+    durations: dict[bool, list[float]] = {True: [], False: []}
+    """Finished cells' wall times by ``Cell.save`` (the plain cells save a checkpoint and score every level)."""
     port = 29600
     failures = 0
     while todo or running:
@@ -606,24 +613,30 @@ def run_grid(args: argparse.Namespace) -> int:
             elapsed = time.monotonic() - item.started
             status = "done" if done(item.cell) else f"FAILED (exit {code}; see {item.cell.name}/cell.log)"
             if done(item.cell):
-                durations.append(elapsed)
+                durations[item.cell.save].append(elapsed)
             else:
                 failures += 1
             print(f"[{time.monotonic() - start:6.0f} s] {item.cell.name}: {status} in {elapsed:.0f} s", flush=True)
-        if failures >= 2 and not durations and not any(done(cell) for cell in cells):
+        if failures >= 2 and not any(durations.values()) and not any(done(cell) for cell in cells):
             print("the first cells failed and none finished: stopping (see their cell.log)")
             for item in running:
                 item.process.kill()
             break
         left = args.deadline_s - (time.monotonic() - start)
-        expected = max(durations) if durations else args.expected_cell_s
+
+        def expected(cell: Cell) -> float:
+            """The longest finished cell of its kind, else of any kind, else ``--expected-cell-s``."""
+            seen = durations[cell.save] or durations[not cell.save]
+            return max(seen) if seen else args.expected_cell_s
+
         busy = {item.cell.name for item in running}
         ready = [c for c in todo if c.teacher is None or (done(Cell("plain", c.seed)) and c.teacher not in busy)]
         names_left = {c.name for c in todo} | busy
         for cell in [c for c in todo if c.teacher and c.teacher not in names_left and not done(Cell("plain", c.seed))]:
             todo.remove(cell)
             print(f"{cell.name}: skipped, its teacher {cell.teacher} did not finish")
-        while ready and len(running) < args.parallel and left > expected:
+        ready = [c for c in ready if left > expected(c)]
+        while ready and len(running) < args.parallel:
             cell = ready.pop(0)
             todo.remove(cell)
             folder = out / cell.name
@@ -638,7 +651,7 @@ def run_grid(args: argparse.Namespace) -> int:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
             running.append(Running(cell, process, time.monotonic(), log))
             print(f"[{time.monotonic() - start:6.0f} s] {cell.name}: started (port {port})", flush=True)
-        if not running and todo and (left <= expected or not ready):
+        if not running and todo and not ready:
             break
         if time.monotonic() - start > args.deadline_s + args.grace_s:
             for item in running:

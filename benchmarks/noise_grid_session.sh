@@ -22,8 +22,24 @@ case "$stage" in
   chunk1)
     mkdir -p /tmp/gguf && cp .gguf1/part00 /tmp/gguf/ && ls -la /tmp/gguf ;;
   grid)
+    # The first grid call of a machine freezes the checkout it ran from (later calls run the same code even if the
+    # working tree moved on) and seeds the grid with the cells already in the repository, except ${RERUN} (default:
+    # the plain cells, rerun with data-order seeds: they are also the distillation teachers, whose checkpoints only
+    # live on the machine that trained them).
+    if [ ! -d /tmp/snapshot ]; then
+      mkdir -p /tmp/snapshot && tar --exclude=./.whl --exclude=./.gguf1 --exclude=./.gguf2 -cf - . | tar -xf - -C /tmp/snapshot
+      mkdir -p $GRID
+      for d in benchmarks/results/noise_grid/*/; do
+        name=$(basename "$d")
+        case "$name" in ${RERUN:-plain_s*}) continue ;; esac
+        [ -f "$d/result.json" ] && mkdir -p "$GRID/$name" && cp "$d/result.json" "$GRID/$name/"
+      done
+      echo "seeded $GRID with $(ls $GRID | wc -l) finished cells from benchmarks/results/noise_grid"
+    fi
+    gguf2=$PWD/.gguf2
+    cd /tmp/snapshot && export PYTHONPATH=/tmp/site:$PWD
     if [ ! -d /tmp/models ] || [ -z "$(ls -A /tmp/models 2>/dev/null)" ]; then
-      cat /tmp/gguf/part00 .gguf2/part01 > $GGUF && sha256sum $GGUF
+      cat /tmp/gguf/part00 $gguf2/part01 > $GGUF && sha256sum $GGUF
       python3 scripts/fetch_smollm2.py --gguf $GGUF 2>&1 | tail -3
     fi
     left=$(( ${GRID_SECONDS:-560} - ($(date +%s) - started) ))

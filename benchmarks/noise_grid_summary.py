@@ -107,7 +107,7 @@ def neftune_table(results: dict[str, dict[int, dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-FRONTIER_ORDER = ("gm_eps100", "gm_eps50", "gm_eps20", "mdp_eta100", "mdp_eta30")
+FRONTIER_ORDER = ("gm_eps100", "gm_eps50", "gm_eps20", "mdp_eta100", "mdp_eta50", "mdp_eta30")
 
 
 def frontier_rows(results: dict[str, dict[int, dict[str, Any]]]) -> list[dict[str, Any]]:

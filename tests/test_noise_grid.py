@@ -61,7 +61,9 @@ def test_the_grid_runs_plain_models_first_and_keeps_variants_whole():
     cells = noise_grid.cells_for(["frontier", "neftune"], [1, 2, 3])
     names = [cell.name for cell in cells]
     assert names[:3] == ["plain_s1", "plain_s2", "plain_s3"]
-    assert len(cells) == 3 * (1 + 4 + 2 * len(noise_grid.FRONTIER_LEVELS))
+    levels, without_kd = len(noise_grid.FRONTIER_LEVELS), len(noise_grid.WITHOUT_KD_CELLS)
+    assert len(cells) == 3 * (1 + 4 + 2 * levels - without_kd)
+    assert not any(cell.kd and cell.variant.removesuffix("_kd") in noise_grid.WITHOUT_KD_CELLS for cell in cells)
     assert len(set(names)) == len(names)
     for first in range(0, len(cells), 3):  # every variant's three seeds are consecutive
         assert len({cell.variant for cell in cells[first : first + 3]}) == 1
