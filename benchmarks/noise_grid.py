@@ -17,8 +17,9 @@ Grids (``cells_for``):
   held-out loss and exact match per task (validation and test), and free-running greedy answers on the test split
   (length in tokens, verbatim copies of a training answer at ROUGE-L >= 0.9, 2-gram repetition).
 - ``frontier``: the Gaussian mechanism on clipped embeddings (per-token eps 100 / 50 / 20, delta 1e-5) and metric-DP
-  d_chi (eta 100 / 30; eta 50 with model b only, ``WITHOUT_KD_CELLS``), both at ``clip_norm`` ``CLIP_NORM``, on the prompt's tokens (``tokens="prompt"``: the user's
-  question and the template text; the chat markers, special ids, and the model's own answer are not noised). Per
+  d_chi (eta 100 / 30; eta 50 with model b only, ``WITHOUT_KD_CELLS``), both at ``clip_norm`` ``CLIP_NORM``, on the
+  prompt's tokens (``tokens="prompt"``: the user's question and the template text; the chat markers, special ids,
+  and the model's own answer are not noised). Per
   level: ``<level>`` is fine-tuned with that noise (model b), ``<level>_kd`` the same plus forward-KL distillation
   from the seed's clean fine-tuned ``plain`` model (model c; ``teacher_checkpoint``); ``plain`` is model a, and
   model a without noise is the ceiling d. Each is scored under its level's noise on its inputs at inference
