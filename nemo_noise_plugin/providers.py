@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,12 +62,35 @@ class NoisyGPTModelProvider(GPTModelProvider):
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     """Embedding-noise settings; validated when set."""
 
-    def provide(self, pre_process=None, post_process=None, vp_stage=None) -> GPTModel:
-        """Build one model chunk as ``GPTModelProvider.provide`` does; noisy where ``should_attach_noise`` says."""
+    def finalize(self) -> None:
+        """The noise settings checked as they are now (``NoiseConfig.validate``), then Bridge's own checks.
+
+        Bridge's ``ConfigContainer.validate`` (``pretrain``/``finetune``) and the CPU loop call this before any model
+        is built, so a value assigned after construction (``cfg.model.noise.alpha = -1``) is refused here with a
+        ``ValueError`` naming it. An enabled noise of magnitude 0 (``alpha=0``) is allowed, with a one-line warning.
+        """
+        self.validate_noise()
+        silent = self.noise.silent_field
+        if silent is not None:
+            warnings.warn(
+                f"NoiseConfig.{silent}={getattr(self.noise, silent)!r} with enabled=True adds no noise: this run "
+                f"trains a plain model (set {silent} > 0 for noise, or enabled=false to say so).",
+                UserWarning,
+                stacklevel=2,
+            )
+        super().finalize()
+
+    def validate_noise(self) -> None:
+        """Check ``noise``: a ``NoiseConfig`` (``TypeError`` otherwise) whose fields are valid now (``ValueError``)."""
         if not isinstance(self.noise, NoiseConfig):
             raise TypeError(
                 f"NoisyGPTModelProvider.noise must be a NoiseConfig, got {type(self.noise).__name__}: {self.noise!r}."
             )
+        self.noise.validate()
+
+    def provide(self, pre_process=None, post_process=None, vp_stage=None) -> GPTModel:
+        """Build one model chunk as ``GPTModelProvider.provide`` does; noisy where ``should_attach_noise`` says."""
+        self.validate_noise()
         model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
         if should_attach_noise(vp_stage):
             make_noisy(model, self.noise)
@@ -89,14 +113,24 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
     the same architecture. Loaded into the teacher at the first distillation step, also after a resume."""
 
     def finalize(self) -> None:
-        """Bridge's checks, plus the distillation constraints (before any GPU memory is touched)."""
+        """The noise settings and Bridge's checks, plus the distillation constraints (before any GPU memory is
+        touched); a KD that is enabled but weighs nothing (``kd_weight=0``, no hidden loss) gets a one-line warning."""
         super().finalize()
         self.validate_distillation()
+        kd = self.kd
+        if kd.enabled and kd.kd_weight == 0 and kd.hidden_weight == 0:
+            warnings.warn(
+                "KDConfig.kd_weight=0 with enabled=True and hidden_weight=0 distils nothing: this run trains on "
+                "cross-entropy alone while the teacher still runs (set kd_weight > 0, or kd.enabled=false).",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def validate_distillation(self) -> None:
         """Reject settings the distillation path does not support, naming the setting and the value."""
         if not isinstance(self.kd, KDConfig):
             raise TypeError(f"NoisyDistillationProvider.kd must be a KDConfig, got {type(self.kd).__name__}.")
+        self.kd.validate()
         check_teacher_checkpoint(self.teacher_checkpoint)
         if not self.kd.enabled:
             return

@@ -13,8 +13,13 @@ __all__ = ["check_bool", "check_choice", "check_int", "check_number", "is_finite
 
 
 def is_finite_number(value: object) -> bool:
-    """True for an int or float (not a bool) that is finite."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """True for an int or float (not a bool) that is finite as a float (an int past 1.8e308 is not)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def check_choice(setting: str, value: object, allowed: tuple[str, ...]) -> None:

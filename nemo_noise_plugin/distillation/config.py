@@ -21,6 +21,14 @@ KD_LOSSES: tuple[str, ...] = ("forward_kl", "reverse_kl", "jsd")
 KD_TOKEN_SELECTIONS: tuple[str, ...] = ("all", "response")
 HIDDEN_LOSSES: tuple[str, ...] = ("none", "mse", "cosine")
 _FIELD = "KDConfig."
+MIN_TEMPERATURE = 1 / 80
+"""The smallest ``temperature``: below it, logits one unit apart are more than 80 apart after division by T, near
+float32's smallest normal number (e^-87.3), so the softened softmax is one-hot and, scaled by T^2, the KD term
+vanishes: the run would train on cross-entropy alone."""
+MAX_TEMPERATURE = 1e6
+"""The largest ``temperature``: above it, logits one unit apart differ by less than 1e-6 after division by T, a few
+steps of float32's resolution (1.2e-7), so both softened distributions are uniform to float32 and the KD term is
+rounding error."""
 
 
 @dataclass
@@ -63,6 +71,15 @@ class KDConfig:
     """Weight of the hidden-state loss (averaged over ``hidden_layers``)."""
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field as it is now; ``ValueError`` naming the field, the value and what is allowed.
+
+        Runs on construction, and again from ``NoisyDistillationProvider.finalize`` (which Bridge's
+        ``ConfigContainer.validate`` calls) and the launch, because an assignment after construction
+        (``config.temperature = 0``) does not run ``__post_init__``. Normalises ``hidden_layers`` to a list.
+        """
         check_choice(_FIELD + "loss", self.loss, KD_LOSSES)
         check_choice(_FIELD + "tokens", self.tokens, KD_TOKEN_SELECTIONS)
         check_choice(_FIELD + "hidden_loss", self.hidden_loss, HIDDEN_LOSSES)
@@ -70,6 +87,13 @@ class KDConfig:
             check_bool(_FIELD + name, getattr(self, name))
         check_number(_FIELD + "jsd_beta", self.jsd_beta, minimum=0.0, maximum=1.0, inclusive=False)
         check_number(_FIELD + "temperature", self.temperature, minimum=0.0, inclusive=False)
+        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"KDConfig.temperature={self.temperature!r} is invalid: expected a number in "
+                f"[{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]: below {MIN_TEMPERATURE:g} the softened softmax is "
+                f"one-hot in float32 and, scaled by T^2, the KD term vanishes (CE alone would train); above "
+                f"{MAX_TEMPERATURE:g} both distributions are uniform to float32."
+            )
         for name in ("kd_weight", "ce_weight", "hidden_weight"):
             check_number(_FIELD + name, getattr(self, name), minimum=0.0)
         top_k = self.top_k

@@ -46,8 +46,17 @@ def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig) -> torch.nn.Mo
 
     Accepts a ``GPTModel`` or ``HybridModel`` (or subclass) or one wrapped in DDP/FSDP/``Float16Module``. Only this
     instance's class changes (to a subclass adding ``NoiseInjectionMixin``); parameters, buffers and state-dict keys
-    are untouched. A model that is already noisy just takes the new config.
+    are untouched. A model that is already noisy just takes the new config. ``noise_config`` is checked first
+    (``NoiseConfig.validate``: a value assigned after construction is refused with a ``ValueError`` naming it), so a
+    bad config leaves the model as it was.
+
+    Example::
+
+        model = make_noisy(gpt_model, NoiseConfig(alpha=5.0))  # NEFTune noise on the decoder input
     """
+    if not isinstance(noise_config, NoiseConfig):
+        raise TypeError(f"make_noisy: noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
+    noise_config.validate()
     inner = unwrap_model(model)
     if isinstance(inner, NoiseInjectionMixin):
         inner.init_noise(noise_config)

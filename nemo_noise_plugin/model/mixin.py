@@ -53,6 +53,7 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         """Attach the noise layer and a fresh clock configured by ``noise_config`` (replacing any earlier one)."""
         if not isinstance(noise_config, NoiseConfig):
             raise TypeError(f"noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
+        noise_config.validate()  # its fields as they are now (an assignment after construction skips __post_init__)
         self.noise_config = noise_config
         self.noise_layer = EmbeddingNoise(
             noise_config,

@@ -114,6 +114,16 @@ class NoiseConfig:
     """Philox key of the noise (independent of Megatron's RNG); the same seed gives the same noise at any layout."""
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field as it is now; ``ValueError`` naming the field, the value and what is allowed.
+
+        Runs on construction, and again wherever a config can start work (a provider's ``finalize``, which Bridge's
+        ``ConfigContainer.validate`` calls; ``make_noisy``; the privacy ledger and audit), because an assignment
+        after construction (``config.alpha = -1``) does not run ``__post_init__``. Normalises
+        ``special_token_ids`` to a list.
+        """
         check_choice(_FIELD + "mechanism", self.mechanism, MECHANISMS)
         check_choice(_FIELD + "scaling", self.scaling, SCALINGS)
         check_choice(_FIELD + "tokens", self.tokens, TOKEN_SELECTIONS)
@@ -207,6 +217,19 @@ class NoiseConfig:
         if self.scaling == "embedding_distance" and family.length_scaled:
             return float(self.distance_multiple)
         return family.magnitude(self)
+
+    @property
+    def silent_field(self) -> str | None:
+        """The magnitude field that turns an enabled noise into none (``alpha`` at 0), or None when the settings add
+        noise or are disabled outright: a run with it trains a plain model while saying it adds noise."""
+        if not self.enabled or self.magnitude > 0:
+            return None
+        length_scaled = noise_family(self.mechanism).length_scaled
+        return (
+            "distance_multiple"
+            if self.scaling == "embedding_distance" and length_scaled
+            else MAGNITUDE_FIELDS[self.mechanism]
+        )
 
     @property
     def is_active_configuration(self) -> bool:

@@ -119,8 +119,10 @@ def privacy_ledger(
 
     ``delta`` is the per-sequence delta of the Gaussian mechanism's conversions (default: ``config.delta``);
     ``hidden_size`` adds the expected noise norm of a privacy mechanism, and is required by a clipped ``laplace``
-    config, whose epsilon depends on it.
+    config, whose epsilon depends on it. ``config`` is checked as it is now first (``NoiseConfig.validate``: an
+    assignment after construction is refused with a ``ValueError`` naming the field).
     """
+    config.validate()
     _check_count("sequence_length", sequence_length)
     _check_count("epochs", epochs)
     if hidden_size is not None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.validation import is_finite_number
 from nemo_noise_plugin.yaml_files import YAMLInputError, load_yaml_file
@@ -92,10 +93,10 @@ def validate_plugin_settings(config: Any) -> None:
     ``ConfigOverrideError`` naming the key.
 
     ``NoiseConfig`` and ``KDConfig`` validate when constructed, but an assignment after that
-    (``config.model.kd.temperature = 0.0``) skips ``__post_init__``; this rebuilds each of them from its current
-    fields, re-checks a ``NoisyDistillationProvider``'s constraints, and rejects a run that would train nothing
-    (``train.train_iters`` < 1) or a learning rate that is not a finite number > 0. Call it before any model is
-    built (``training.launch.launch`` does).
+    (``config.model.kd.temperature = 0.0``) skips ``__post_init__``; this re-checks each of them as it is now
+    (their ``validate``), re-checks a ``NoisyDistillationProvider``'s constraints, and rejects a run that would
+    train nothing (``train.train_iters`` < 1) or a learning rate that is not a finite number > 0. Call it before any model is
+    built (``jobs.launch.launcher.launch`` does).
     """
     from nemo_noise_plugin.providers import NoisyDistillationProvider
 
@@ -103,9 +104,8 @@ def validate_plugin_settings(config: Any) -> None:
     for name in ("noise", "kd"):
         current = getattr(model, name, None)
         if isinstance(current, VALIDATED_CONFIG_TYPES):
-            fields = {f.name: getattr(current, f.name) for f in dataclasses.fields(current)}
             try:
-                type(current)(**fields)
+                current.validate()
             except (TypeError, ValueError) as error:
                 raise ConfigOverrideError(_name_key(str(error), {type(current).__name__: f"model.{name}"})[0]) from None
     if isinstance(model, NoisyDistillationProvider):

@@ -66,7 +66,10 @@ def audit(
     noise levels computes it once). ``noised_only`` counts only the tokens that actually received noise
     (``noised_tokens``: not the ``special_token_ids``, only the ``tokens`` part the config selects); the report's
     ``tokens`` says how many were counted (``real``) and how many distinct ids they hold (``distinct_ids``).
+    ``noise_config`` is checked as it is now first (``NoiseConfig.validate``: an assignment after construction is
+    refused with a ``ValueError`` naming the field).
     """
+    noise_config.validate()
     attacks = check_attacks(attacks, noise_config, lm_log_probs)
     noised = noised_embeddings(
         table, token_ids, noise_config, iteration=iteration, loss_mask=loss_mask, padding_mask=padding_mask
