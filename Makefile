@@ -12,11 +12,11 @@ setup:
 demo: setup
 	$(PY) -m nemo_noise_plugin $(ARGS)
 
-## Lint, the house plan (no import cycles, no upward imports), then the whole test suite (GPU tests skip without CUDA):
+## Lint, the import floors (two wings, no cycles, no upward imports), then the whole test suite (GPU tests skip without CUDA):
 ## the main suite first, then the tests marked slow (the real SmolLM2 model, 4-rank pipelines, whole CPU runs).
 test: setup
 	$(PY) -m ruff check nemo_noise_plugin tests benchmarks scripts
-	$(PY) scripts/check_layers.py
+	$(PY) scripts/check_import_floors.py
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 

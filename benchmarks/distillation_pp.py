@@ -56,7 +56,7 @@ def _setup(device: str) -> None:
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533")):
         os.environ.setdefault(name, value)
     if device == "cpu":
-        from nemo_noise_plugin.cpu.substitutes import install_cpu_substitutes
+        from nemo_noise_plugin.jobs.cpu.substitutes import install_cpu_substitutes
 
         install_cpu_substitutes()
     else:

@@ -65,11 +65,11 @@ def _provider_settings():
 
 
 def _model_and_step(mode: str):
-    from nemo_noise_plugin.bridge_imports import import_bridge
     from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.providers import GPTModelProvider, NoisyDistillationProvider, NoisyGPTModelProvider
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     gpt_step = import_bridge("megatron.bridge.training.gpt_step")
     settings, noise = _provider_settings(), NoiseConfig(alpha=5.0)
@@ -139,7 +139,7 @@ class BridgeRun:
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
         from megatron.core.rerun_state_machine import destroy_rerun_state_machine
 
-        from nemo_noise_plugin.bridge_imports import import_bridge
+        from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
         callbacks = import_bridge("megatron.bridge.training.callbacks")
         config_module = import_bridge("megatron.bridge.training.config")
@@ -341,7 +341,7 @@ def main() -> None:
         parser.error(f"--fresh-process-memory: unknown {bad}; choose from {', '.join(trained)}")
     import torch
 
-    from nemo_noise_plugin.bridge_imports import use_prebuilt_dataset_helpers
+    from nemo_noise_plugin.upstream.bridge_imports import use_prebuilt_dataset_helpers
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(name, value)

@@ -145,7 +145,7 @@ def cells_for(grids: Sequence[str], seeds: Sequence[int]) -> list[Cell]:
 
 
 def _eos_id(state: Any) -> int:
-    from nemo_noise_plugin.batches import recipe_tokenizer
+    from nemo_noise_plugin.jobs.batches import recipe_tokenizer
 
     return int(recipe_tokenizer(state).eod)
 
@@ -153,7 +153,7 @@ def _eos_id(state: Any) -> int:
 def _forward(model: Any, batch: dict[str, Any]) -> Any:
     import torch
 
-    from nemo_noise_plugin.cpu.parallel import causal_attention_mask
+    from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
 
     tokens = batch["tokens"]
     mask = batch.get("attention_mask")
@@ -170,7 +170,7 @@ def score_batches(model: Any, batches: Sequence[dict[str, Any]], eos_id: int, no
     import torch
 
     from nemo_noise_plugin.distillation.teacher import build_clean_teacher
-    from nemo_noise_plugin.evaluation import answer_positions
+    from nemo_noise_plugin.jobs.reports.task_report import answer_positions
     from nemo_noise_plugin.model.make_noisy import make_noisy
 
     scored = model
@@ -208,7 +208,7 @@ def score_batches(model: Any, batches: Sequence[dict[str, Any]], eos_id: int, no
 def prompts_and_answers(batches: Sequence[dict[str, Any]], eos_id: int) -> list[tuple[list[int], list[int], str]]:
     """Per example of SFT ``batches``: the prompt's token ids (through the generation prompt), the reference answer's
     ids (without the end-of-turn token) and the task."""
-    from nemo_noise_plugin.evaluation import answer_positions
+    from nemo_noise_plugin.jobs.reports.task_report import answer_positions
 
     examples = []
     for batch in batches:
@@ -409,8 +409,8 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     import torch
     from megatron.core.utils import unwrap_model
 
-    from nemo_noise_plugin.batches import collate, recipe_datasets, recipe_tokenizer
-    from nemo_noise_plugin.evaluation import task_batches
+    from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, recipe_tokenizer
+    from nemo_noise_plugin.jobs.reports.task_report import task_batches
 
     inner = unwrap_model(model)
     device = next(inner.parameters()).device
@@ -542,8 +542,8 @@ def shuffle_training_file(data_dir: str, seed: int) -> None:
 def run_cell(cell: Cell, out: Path, hf_path: str, epochs: float) -> None:
     """Train one cell through Bridge's loop and write its ``result.json`` (atomically) from the end-of-training
     callback; the losses of every logged step are kept."""
-    from nemo_noise_plugin.bridge_imports import import_bridge, use_prebuilt_dataset_helpers
-    from nemo_noise_plugin.training.launch import forward_step_for, training_entry_for
+    from nemo_noise_plugin.jobs.launch.launcher import forward_step_for, training_entry_for
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge, use_prebuilt_dataset_helpers
 
     callbacks = import_bridge("megatron.bridge.training.callbacks")
     config = cell_config(cell, out, hf_path, epochs)
@@ -695,7 +695,7 @@ def main() -> None:
         spec["frontier_levels"] = tuple(spec["frontier_levels"])
         hf_path = args.hf_path
         if hf_path is None:
-            from nemo_noise_plugin.pretrained import ensure_smollm2_hf
+            from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
 
             hf_path = str(ensure_smollm2_hf())
         run_cell(Cell(**spec), Path(args.out), hf_path, args.epochs)

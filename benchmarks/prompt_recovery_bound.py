@@ -57,8 +57,8 @@ def main() -> None:
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_noise_plugin.instructions import instruction_examples
-    from nemo_noise_plugin.pretrained import ensure_smollm2_hf
+    from nemo_noise_plugin.data.instruction_set import instruction_examples
+    from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
     from nemo_noise_plugin.privacy.audit import noised_embeddings
     from nemo_noise_plugin.privacy.audit.attacks import nearest_neighbour_attack
     from nemo_noise_plugin.privacy.audit.beam import lm_beam_attack

@@ -41,15 +41,15 @@ def run_one(variant: str, seed: int, steps: int, lr: float, output_dir: str) -> 
 
     from megatron.core.utils import unwrap_model
 
-    from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.evaluation import exact_match
+    from nemo_noise_plugin.jobs.launch.launcher import launch
+    from nemo_noise_plugin.jobs.progress import ProgressLine
+    from nemo_noise_plugin.jobs.reports.robustness import held_out_batches, logits_of, robustness_curve
+    from nemo_noise_plugin.jobs.reports.task_report import exact_match
     from nemo_noise_plugin.recipes.smollm2 import (
         smollm2_135m_noise_distillation_config,
         smollm2_135m_noise_sft_config,
     )
-    from nemo_noise_plugin.robustness import held_out_batches, logits_of, robustness_curve
-    from nemo_noise_plugin.training.launch import launch
-    from nemo_noise_plugin.training.progress import ProgressLine
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     noise, kd = _noise_and_kd(variant)
     noise = dataclasses.replace(noise, seed=seed)
@@ -68,8 +68,8 @@ def run_one(variant: str, seed: int, steps: int, lr: float, output_dir: str) -> 
             model = unwrap_model(context.model[0])
             model.eval()
             cfg = context.state.cfg
-            from nemo_noise_plugin.batches import collate, recipe_datasets, recipe_tokenizer
-            from nemo_noise_plugin.cpu.parallel import causal_attention_mask
+            from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, recipe_tokenizer
+            from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
 
             _, valid, _ = recipe_datasets(context.state)
             size = cfg.train.micro_batch_size

@@ -47,12 +47,12 @@ SEQ, MICRO_BATCH, GLOBAL_BATCH, LR = 128, 4, 8, 1e-4
 
 def _builders(hf_path: str):
     """``model_and_step(mode)`` and ``config_for(provider)`` for ``BridgeRun``: the SmolLM2 SFT recipe's pieces."""
-    from nemo_noise_plugin.bridge_imports import import_bridge
     from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config, smollm2_provider
     from nemo_noise_plugin.recipes.tiny import local_spec_settings
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     gpt_step = import_bridge("megatron.bridge.training.gpt_step")
     auto_bridge = import_bridge("megatron.bridge").AutoBridge
@@ -92,7 +92,7 @@ class TeacherForward:
     """One step's no-grad forwards (every microbatch) of the plain model over real instruction batches."""
 
     def __init__(self, run: BridgeRun) -> None:
-        from nemo_noise_plugin.batches import collate, recipe_datasets
+        from nemo_noise_plugin.jobs.batches import collate, recipe_datasets
 
         self.model = run.model[0]
         train, _, _ = recipe_datasets(run.state)
@@ -117,7 +117,7 @@ class TeacherForward:
 
 def tokens_per_step(run: BridgeRun, steps: int = 32) -> float:
     """Mean padded tokens of one global batch over the first ``steps`` batches of the train split (as collated)."""
-    from nemo_noise_plugin.batches import collate, recipe_datasets
+    from nemo_noise_plugin.jobs.batches import collate, recipe_datasets
 
     train, _, _ = recipe_datasets(run.state)
     batches = collate(train, steps * GLOBAL_BATCH // MICRO_BATCH, MICRO_BATCH, None, "cpu")
@@ -126,7 +126,7 @@ def tokens_per_step(run: BridgeRun, steps: int = 32) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hf-path", help="SmolLM2 HF folder (default: nemo_noise_plugin.pretrained's cache)")
+    parser.add_argument("--hf-path", help="SmolLM2 HF folder (default: nemo_noise_plugin.data.smollm2_wheel's cache)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=8, help="steps per mode per repeat")
     parser.add_argument("--discard", type=int, default=2, help="steps dropped at the start of each slot")
@@ -135,14 +135,14 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from nemo_noise_plugin.bridge_imports import use_prebuilt_dataset_helpers
+    from nemo_noise_plugin.upstream.bridge_imports import use_prebuilt_dataset_helpers
 
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
         os.environ.setdefault(name, value)
     os.environ.setdefault("MASTER_PORT", "29519")
     use_prebuilt_dataset_helpers()
     if args.hf_path is None:
-        from nemo_noise_plugin.pretrained import ensure_smollm2_hf
+        from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
 
         args.hf_path = str(ensure_smollm2_hf())
     model_and_step, config_for = _builders(args.hf_path)

@@ -197,10 +197,10 @@ def equivalence(args, world_size: int, rank: int) -> dict[str, dict]:
 
 
 def step_times(args, world_size: int, rank: int) -> dict[str, float]:
-    from nemo_noise_plugin.bridge_imports import import_bridge
     from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     modes = {
         "plain plan (Megatron)": (None, None, import_bridge("megatron.bridge.training.gpt_step").forward_step),

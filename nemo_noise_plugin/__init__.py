@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_noise_plugin.bridge_imports import install_bridge_import_hook
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.upstream.bridge_imports import install_bridge_import_hook
 
 install_bridge_import_hook()  # `import megatron.bridge` after this works without Transformer Engine
 

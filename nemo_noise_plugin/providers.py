@@ -29,14 +29,14 @@ from typing import Any
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.utils import unwrap_model
 
-from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.distillation.pipeline_teacher import attach_teacher_pipe, build_teacher_pipes
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.distillation.teacher_weights import attach_teacher, check_teacher_checkpoint
 from nemo_noise_plugin.model.make_noisy import make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.schedule_plan.plan_mixin import use_plugin_schedule_plan
+from nemo_noise_plugin.schedule_plan.builder import use_plugin_schedule_plan
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.utils import should_attach_noise
 
 GPTModelProvider = import_bridge("megatron.bridge.models.gpt_provider").GPTModelProvider

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 try:
-    from nemo_noise_plugin import pretrained
+    from nemo_noise_plugin.data import smollm2_wheel as pretrained
 except ImportError:  # run from a checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from nemo_noise_plugin import pretrained
+    from nemo_noise_plugin.data import smollm2_wheel as pretrained
 
 
 def main(argv: list[str] | None = None) -> int:

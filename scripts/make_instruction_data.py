@@ -4,7 +4,7 @@
     .venv/bin/python scripts/make_instruction_data.py /tmp/out   # the same files into another folder
 
 Deterministic (seeded): running it again gives the same bytes. Each task of
-``nemo_noise_plugin.instructions.INSTRUCTION_TASKS`` gets ``PER_TASK`` examples with distinct questions (no question
+``data.instruction_set.INSTRUCTION_TASKS`` gets ``PER_TASK`` examples with distinct questions (no question
 is shared between tasks or splits), split per task into ``test``, ``validation`` and ``training``, then each split
 is shuffled. Short-answer tasks answer one number, word or letter; long-answer tasks (spelling, reversing, sorting,
 counting a range) answer tens of tokens, so answer length and copying can be measured.
@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from nemo_noise_plugin.instructions import INSTRUCTION_TASKS
+from nemo_noise_plugin.data.instruction_set import INSTRUCTION_TASKS
 
 SYSTEM = "Reply with the exact answer only."
 OUT = Path(__file__).resolve().parent.parent / "nemo_noise_plugin" / "data" / "instructions"

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from nemo_noise_plugin.artifacts import ArtifactWriteError, RunReport, check_output_dir
+from nemo_noise_plugin.jobs.reports.artifacts import ArtifactWriteError, RunReport, check_output_dir
 
 
 def _report(root, run_id: str, value: int) -> RunReport:

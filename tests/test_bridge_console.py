@@ -1,6 +1,6 @@
 """Bridge's console output goes to the run folder's ``bridge.log``; the plugin's lines stay on the console.
 
-Each case runs in a child process, because the mechanism (``training.bridge_console``) moves file descriptor 1.
+Each case runs in a child process, because the mechanism (``jobs.launch.bridge_console``) moves file descriptor 1.
 The child writes the way Bridge and Megatron do: ``print``, a logging handler bound to ``sys.stdout`` before the
 switch (as ``megatron.training`` installs one at import), ``os.write(1, ...)``, C ``printf`` and a child process of
 its own. The GPU twin (``tests/gpu/test_main_job_gpu.py``) checks the real main job's console on an H200.
@@ -31,7 +31,7 @@ BRIDGE_LINES = (
 WRITES_LIKE_BRIDGE = textwrap.dedent(
     """
     import ctypes, logging, os, subprocess, sys
-    from nemo_noise_plugin.training.bridge_console import stdout_to_file
+    from nemo_noise_plugin.jobs.launch.bridge_console import stdout_to_file
 
     logging.basicConfig(handlers=[logging.StreamHandler(sys.stdout)], level=logging.INFO, format="%(message)s")
     logger = logging.getLogger("megatron.bridge.training.fake")
@@ -56,7 +56,7 @@ COMMAND_RUNS = textwrap.dedent(
     """
     import sys
     from types import SimpleNamespace
-    from nemo_noise_plugin.training.bridge_console import bridge_log, bridge_output, run_folder
+    from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log, bridge_output, run_folder
 
     folder = sys.argv[1]
     config = SimpleNamespace(checkpoint=SimpleNamespace(save=folder + "/checkpoints"))
@@ -159,7 +159,7 @@ def test_importing_the_entry_points_turns_nothing_on(tmp_path):
         import sys
         from types import SimpleNamespace
         import nemo_noise_plugin.__main__, nemo_noise_plugin.cli.finetune, nemo_noise_plugin.cli.main_job
-        from nemo_noise_plugin.training.bridge_console import bridge_output
+        from nemo_noise_plugin.jobs.launch.bridge_console import bridge_output
 
         with bridge_output(SimpleNamespace(checkpoint=SimpleNamespace(save=sys.argv[1]))):
             print("bridge: on the console")
@@ -178,9 +178,10 @@ LAUNCH_WITH_A_FAKE_GPU = textwrap.dedent(
     import torch
 
     from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
-    from nemo_noise_plugin.training import cpu_loop, launch as launching
-    from nemo_noise_plugin.training.bridge_console import bridge_log, run_folder
-    from nemo_noise_plugin.training.progress import ProgressLine
+    from nemo_noise_plugin.jobs.cpu import loop as cpu_loop
+    from nemo_noise_plugin.jobs.launch import launcher as launching
+    from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log, run_folder
+    from nemo_noise_plugin.jobs.progress import ProgressLine
 
 
     def fire(callbacks, config, *events):

@@ -16,7 +16,7 @@ import json, sys
 import nemo_noise_plugin
 before = sorted(name for name in sys.modules if name.startswith("megatron.bridge"))
 from megatron.bridge import AutoBridge
-from nemo_noise_plugin.bridge_imports import SUBSTITUTED_MODULES
+from nemo_noise_plugin.upstream.bridge_imports import SUBSTITUTED_MODULES
 print(json.dumps({"bridge_before": before, "auto_bridge": AutoBridge.__name__, "substituted": SUBSTITUTED_MODULES,
                   "te_in_sys_modules": "transformer_engine" in sys.modules}))
 """

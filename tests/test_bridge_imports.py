@@ -52,7 +52,7 @@ def test_bridge_modules_the_plugin_needs_import_and_only_missing_packages_are_su
     result = _run(
         """
         import json, sys
-        from nemo_noise_plugin.bridge_imports import import_bridge, SUBSTITUTED_MODULES
+        from nemo_noise_plugin.upstream.bridge_imports import import_bridge, SUBSTITUTED_MODULES
         for name in ["megatron.bridge", "megatron.bridge.models.gpt_provider", "megatron.bridge.training.config",
                      "megatron.bridge.training.gpt_step", "megatron.bridge.training.finetune",
                      "megatron.bridge.recipes", "megatron.bridge.training.utils.omegaconf_utils",
@@ -74,7 +74,7 @@ def test_bridge_modules_the_plugin_needs_import_and_only_missing_packages_are_su
 def test_substituted_classes_fail_clearly_when_used():
     result = _run(
         """
-        from nemo_noise_plugin.bridge_imports import ensure_bridge_importable, MissingDependencyError
+        from nemo_noise_plugin.upstream.bridge_imports import ensure_bridge_importable, MissingDependencyError
         substituted = ensure_bridge_importable()
         import importlib
         messages = []
@@ -107,7 +107,7 @@ def test_substituted_classes_fail_clearly_when_used():
 def test_no_other_plugin_module_imports_megatron_bridge():
     offenders = []
     for path in PACKAGE_ROOT.rglob("*.py"):
-        if path.name == "bridge_imports.py":
+        if path.name == "upstream/bridge_imports.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = []

@@ -19,9 +19,9 @@ import torch
 import yaml
 
 from nemo_noise_plugin.cli import finetune as finetune_cli
+from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, UnknownFactoryError, run_finetune
+from nemo_noise_plugin.jobs.launch.launcher import GPU_REQUIRED_MESSAGE, GPUUnavailableError
 from nemo_noise_plugin.recipes import RECIPES
-from nemo_noise_plugin.training.finetune import FinetuneError, UnknownFactoryError, run_finetune
-from nemo_noise_plugin.training.launch import GPU_REQUIRED_MESSAGE, GPUUnavailableError
 from tests.support.nemo2 import write_nemo2_llm
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def no_cuda(monkeypatch):
 @pytest.fixture
 def fake_training(monkeypatch):
     """A GPU that is not used: Bridge's training entry is replaced by a recorder."""
-    from nemo_noise_plugin.training import launch
+    from nemo_noise_plugin.jobs.launch import launcher as launch
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -173,9 +173,9 @@ def test_a_declined_confirmation_launches_nothing(fake_training):
 
 
 def test_forward_step_and_entry_follow_the_config():
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.jobs.launch.launcher import forward_step_for, training_entry_for
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
-    from nemo_noise_plugin.training.launch import forward_step_for, training_entry_for
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     sft = run_finetune("tiny_noise_sft", dryrun=True, print_fn=_quiet)
     distillation = run_finetune("tiny_noise_distillation", dryrun=True, print_fn=_quiet)
@@ -402,3 +402,34 @@ def test_nemo_llm_finetune_of_a_tiny_recipe_without_cuda_runs_the_cpu_loop_and_r
     assert "robustness report" in result.stdout
     latest = run_dir / "reports" / "latest"
     assert (latest / "robustness.json").is_file() and (latest / "robustness.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("factory", ["tiny_noise_sft", "tiny_noise_distillation"])
+def test_finetune_calls_the_plain_launcher_once_with_the_report_callbacks_its_recipe_names(
+    factory, monkeypatch, tmp_path, capsys
+):
+    """No clean pre-training and no control run under ``nemo llm finetune``: those are the main job's."""
+    from nemo_noise_plugin.jobs.launch import launcher
+    from nemo_noise_plugin.jobs.progress import ProgressLine
+    from nemo_noise_plugin.jobs.reports.robustness import RobustnessReport
+
+    calls = []
+    monkeypatch.setattr(launcher, "launch", lambda config, overrides=(), **kwargs: calls.append((config, kwargs)))
+    config = run_finetune(factory, [f"checkpoint.save={tmp_path / 'checkpoints'}"], print_fn=_quiet)
+    assert len(calls) == 1
+    launched, kwargs = calls[0]
+    assert launched is config and kwargs["allow_cpu_loop"] is True
+    assert [type(callback) for callback in kwargs["callbacks"]] == [RobustnessReport, ProgressLine]
+    assert config.checkpoint.save == str(tmp_path / "checkpoints")  # not a main-job side run's subfolder
+    assert "main job" not in capsys.readouterr().out
+
+
+def test_every_registered_recipe_names_reports_the_jobs_wing_can_build():
+    from nemo_noise_plugin.jobs.reports.callbacks import REPORT_BUILDERS
+    from nemo_noise_plugin.recipes import REPORTS, Recipe
+
+    assert list(REPORT_BUILDERS) == list(REPORTS)
+    assert {name for recipe in RECIPES.values() for name in recipe.reports} <= set(REPORTS)
+    assert RECIPES["smollm2_135m_noise_sft"].reports == ("task", "robustness")
+    with pytest.raises(ValueError, match=r"reports=\('nope',\) is invalid: expected distinct names from"):
+        Recipe("pkg.module:config", reports=("nope",))

@@ -16,7 +16,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 @pytest.fixture(scope="module")
 def bridge(megatron_cpu):
     from nemo_noise_plugin import recipes
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     return dict(
         recipes=recipes,

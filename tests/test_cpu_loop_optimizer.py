@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.jobs.cpu.loop import build_optimizer, run_cpu_loop
 from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
-from nemo_noise_plugin.training.cpu_loop import build_optimizer, run_cpu_loop
 from nemo_noise_plugin.training.forward_step import noise_forward_step
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 
 def _config(tmp_path, **scheduler):

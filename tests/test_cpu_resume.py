@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint, run_fingerprint
+from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
 from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
-from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint, run_fingerprint
-from nemo_noise_plugin.training.cpu_loop import run_cpu_loop
 from nemo_noise_plugin.training.forward_step import noise_forward_step
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 STEPS = 4
 
@@ -123,8 +123,8 @@ def _distillation(folder, exit_interval=None):
 
 
 def test_a_resumed_distillation_run_distils_from_the_weights_it_started_from(tmp_path):
+    from nemo_noise_plugin.jobs.launch.warm_start import CaptureWeights, StartFromWeights
     from nemo_noise_plugin.training.forward_step import distillation_forward_step
-    from nemo_noise_plugin.training.warm_start import CaptureWeights, StartFromWeights
 
     capture = CaptureWeights()  # a clean start that differs from the initialisation: the teacher to distil from
     clean = _config(tmp_path / "clean")

@@ -20,7 +20,7 @@ SEQ = 32
 
 @pytest.fixture(scope="module")
 def bridge(megatron_cpu):
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     return {
         "config": import_bridge("megatron.bridge.training.config"),

@@ -108,7 +108,7 @@ def _reference(rank: int, world_size: int, port: int, layout: dict, batches: dic
         init_num_microbatches_calculator,
     )
 
-    from nemo_noise_plugin.cpu.parallel import init_cpu_parallel
+    from nemo_noise_plugin.jobs.cpu.parallel import init_cpu_parallel
     from nemo_noise_plugin.training.forward_step import distillation_forward_step
     from tests.support.schedule_plan import bound_forward_step, bridge_state, build_provider, run_normal_path
 
@@ -143,9 +143,9 @@ def _pipelined(rank: int, world_size: int, port: int, layout: dict, batches: dic
     )
     from megatron.core.utils import unwrap_model
 
-    from nemo_noise_plugin.cpu.parallel import init_cpu_parallel
     from nemo_noise_plugin.distillation.pipeline_teacher import attached_teacher_pipe
     from nemo_noise_plugin.distillation.teacher_weights import attached_teacher
+    from nemo_noise_plugin.jobs.cpu.parallel import init_cpu_parallel
     from nemo_noise_plugin.model import NoiseInjectionMixin
     from nemo_noise_plugin.training.forward_step import distillation_forward_step
     from tests.support.schedule_plan import (
@@ -277,8 +277,8 @@ class _CleanInputProbe:
 
 
 def _four_ranks(rank: int, world_size: int, port: int) -> dict:
-    from nemo_noise_plugin.cpu.parallel import destroy_cpu_parallel
-    from nemo_noise_plugin.cpu.substitutes import install_schedule_plan_substitutes
+    from nemo_noise_plugin.jobs.cpu.parallel import destroy_cpu_parallel
+    from nemo_noise_plugin.jobs.cpu.substitutes import install_schedule_plan_substitutes
     from tests.support.schedule_plan import microbatches
 
     install_schedule_plan_substitutes()

@@ -24,7 +24,7 @@ import yaml
 from nemo_run.config import get_nemorun_home, set_nemorun_home
 from nemo_run.core.execution.launcher import Torchrun
 
-from nemo_noise_plugin.training.executor_settings import (
+from nemo_noise_plugin.jobs.executors.settings import (
     EXECUTOR_FACTORIES,
     ExecutorSettingError,
     build_executor,
@@ -32,7 +32,7 @@ from nemo_noise_plugin.training.executor_settings import (
     local_executor,
     slurm_executor,
 )
-from nemo_noise_plugin.training.executors import run_on_executor
+from nemo_noise_plugin.jobs.executors.task import run_on_executor
 from tests.support.hub_configs import write_offline_hub
 from tests.support.nemo2 import write_nemo2_llm
 
@@ -487,7 +487,7 @@ def test_finetune_through_the_local_executor_leaves_config_logs_and_report_in_th
     job_dir = experiment / "tiny_noise_sft"
     config = yaml.safe_load((job_dir / "config.yaml").read_text())
     assert (config["train"]["train_iters"], config["model"]["noise"]["alpha"]) == (2, 7.0)
-    (report,) = job_dir.rglob("robustness.json")  # robustness.py puts each report in its own folder
+    (report,) = job_dir.rglob("robustness.json")  # jobs/reports/robustness.py puts each report in its own folder
     assert json.loads(report.read_text()) and report.with_suffix(".png").stat().st_size > 10_000
     logs = "".join(path.read_text() for path in job_dir.rglob("*.log"))
     assert "CPU loop (Bridge's training loop needs CUDA)" in logs and "2/2" in logs

@@ -111,7 +111,7 @@ def test_a_checkpoint_that_cannot_be_written_names_the_full_disk(tmp_path, monke
     import torch
 
     from nemo_noise_plugin.cli.exits import describe_failure
-    from nemo_noise_plugin.training.cpu_checkpoint import CheckpointWriteError, CpuCheckpoint
+    from nemo_noise_plugin.jobs.cpu.checkpoint import CheckpointWriteError, CpuCheckpoint
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -129,7 +129,7 @@ def test_a_checkpoint_that_cannot_be_written_names_the_full_disk(tmp_path, monke
 def test_an_interrupt_during_a_save_waits_for_the_save_and_then_stops(tmp_path, monkeypatch):
     import torch
 
-    from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint
+    from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint
 
     real_save = torch.save
 
@@ -147,7 +147,7 @@ def test_an_interrupt_during_a_save_waits_for_the_save_and_then_stops(tmp_path, 
 
 def test_the_interrupt_line_says_no_checkpoint_when_none_was_saved(tmp_path, monkeypatch, capsys):
     from nemo_noise_plugin.cli.exits import EXIT_TERMINATED, Terminated, run_command
-    from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint
+    from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint
 
     monkeypatch.setattr(CpuCheckpoint, "_OPENED", [])
     CpuCheckpoint(str(tmp_path), str(tmp_path), "2" * 16)  # a run started, nothing saved yet
@@ -161,8 +161,8 @@ def test_the_interrupt_line_says_no_checkpoint_when_none_was_saved(tmp_path, mon
 
 
 def test_a_dataset_path_with_spaces_is_kept_whole(tmp_path):
+    from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
     from nemo_noise_plugin.recipes import tiny_noise_sft_config
-    from nemo_noise_plugin.training.launch import check_run_settings
 
     config = tiny_noise_sft_config(dir=str(tmp_path / "my runs"), train_iters=2)
     check_run_settings(config)

@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_noise_plugin.batches import collate
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.instructions import (
+from nemo_noise_plugin.data.instruction_set import (
     INSTRUCTION_SPLITS,
     INSTRUCTION_TASKS,
     LONG_ANSWER_TASKS,
@@ -24,7 +22,9 @@ from nemo_noise_plugin.instructions import (
     instruction_files,
     write_instruction_files,
 )
+from nemo_noise_plugin.jobs.batches import collate
 from nemo_noise_plugin.noise.geometry import LocalLayout, NoiseBatchInputs, token_geometry
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 EOS, NEWLINE = 2, 198

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from nemo_noise_plugin.training.progress import FiniteLossGuard, NonFiniteLossError
+from nemo_noise_plugin.jobs.progress import FiniteLossGuard, NonFiniteLossError
 
 pytestmark = pytest.mark.slow  # minutes on 2 cores: run by `make test` after the main suite
 

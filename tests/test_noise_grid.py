@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks import noise_grid
-from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 
@@ -73,7 +73,7 @@ def test_the_grid_runs_plain_models_first_and_keeps_variants_whole():
 
 
 def test_each_seed_gets_its_own_data_order_over_the_same_chats(tmp_path):
-    from nemo_noise_plugin.instructions import write_instruction_files
+    from nemo_noise_plugin.data.instruction_set import write_instruction_files
 
     orders = {}
     for seed in (1, 2, 1):
@@ -100,7 +100,7 @@ def test_rouge_l_copies_and_repetition():
 
 
 def test_greedy_answers_match_one_prompt_at_a_time_decoding(bridge_state):
-    from nemo_noise_plugin.evaluation import greedy_decode, task_batches
+    from nemo_noise_plugin.jobs.reports.task_report import greedy_decode, task_batches
 
     state, model = bridge_state
     eos = noise_grid._eos_id(state)
@@ -146,8 +146,8 @@ def test_noise_at_inference_leaves_template_and_special_tokens_clean(bridge_stat
     """The attack counts only tokens that received noise: the chat markers (special ids) are never noised."""
     monkeypatch.setattr(noise_grid, "ATTACK_CHATS", 6)
     state, model = bridge_state
-    from nemo_noise_plugin.batches import recipe_tokenizer
-    from nemo_noise_plugin.evaluation import task_batches
+    from nemo_noise_plugin.jobs.batches import recipe_tokenizer
+    from nemo_noise_plugin.jobs.reports.task_report import task_batches
 
     eos = noise_grid._eos_id(state)
     special = noise_grid._special_ids(recipe_tokenizer(state))

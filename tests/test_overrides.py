@@ -34,7 +34,7 @@ def _rejects(io, config, overrides, message):
 
 def test_bridges_own_override_path_lets_an_invalid_alpha_through(sft):
     """Why apply_overrides exists: Bridge sets attributes on the existing NoiseConfig, skipping its validation."""
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     omegaconf_utils = import_bridge("megatron.bridge.training.utils.omegaconf_utils")
     omegaconf_utils.process_config_with_overrides(sft, cli_overrides=["model.noise.alpha=-1"])

@@ -150,7 +150,7 @@ def test_the_installed_wheel_finds_every_preset_of_configs_without_the_checkout(
 def test_the_wheel_installed_outside_the_checkout_runs_its_commands_and_presets(installed_wheel):
     run, python, venv = installed_wheel
     check = (
-        "import pathlib, sys, nemo_noise_plugin as p; from nemo_noise_plugin.corpus import corpus_bytes; "
+        "import pathlib, sys, nemo_noise_plugin as p; from nemo_noise_plugin.data.corpus import corpus_bytes; "
         "from nemo_noise_plugin.distillation.config import load_kd_config; "
         "print(pathlib.Path(p.__file__).is_relative_to(pathlib.Path(sys.argv[1])), "
         "p.load_noise_config('neftune_alpha15').alpha, load_kd_config('forward_kl_t2').temperature, "

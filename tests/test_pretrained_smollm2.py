@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_noise_plugin import pretrained
-from nemo_noise_plugin.pretrained import PretrainedModelUnavailable, check_sha256, ensure_smollm2_hf
+from nemo_noise_plugin.data import smollm2_wheel as pretrained
+from nemo_noise_plugin.data.smollm2_wheel import PretrainedModelUnavailable, check_sha256, ensure_smollm2_hf
 from tests.support.smollm2 import (  # noqa: F401  (the session fixtures)
     REQUIREMENTS,
     TRANSFORMERS_NEXT_REQUIREMENTS,
@@ -399,10 +399,10 @@ def _megatron_on_cpu(folder: Path):
     """AutoBridge's provider for the folder, converted to the plugin's provider (noise off), built on the CPU."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from nemo_noise_plugin.bridge_imports import import_bridge
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.providers import noisy_provider_from
     from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     auto_bridge = import_bridge("megatron.bridge").AutoBridge
     source = auto_bridge.from_hf_pretrained(str(folder)).to_megatron_provider(load_weights=True)

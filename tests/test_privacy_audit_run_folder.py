@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_noise_plugin import audit_report
 from nemo_noise_plugin.cli.nemo_noise import audit as audit_command
 from nemo_noise_plugin.cli.nemo_noise import parse_audit_arguments, run_audit
-from nemo_noise_plugin.instructions import instruction_examples, instruction_files
+from nemo_noise_plugin.data.instruction_set import instruction_examples, instruction_files
+from nemo_noise_plugin.jobs.reports import audit_targets as audit_report
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit.sweep import Sweep
 from nemo_noise_plugin.privacy.ledger import privacy_ledger

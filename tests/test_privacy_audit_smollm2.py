@@ -26,7 +26,7 @@ def _leading_matches(tokens: list[int], reference: list[int]) -> int:
 def test_teacher_forced_answers_are_what_greedy_generation_produces(smollm2_hf_dir):  # noqa: F811
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_noise_plugin.audit_report import AUDIT_CHATS, _answer_spans, _task_exact_match
+    from nemo_noise_plugin.jobs.reports.audit_targets import AUDIT_CHATS, _answer_spans, _task_exact_match
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_hf_dir))
     model = AutoModelForCausalLM.from_pretrained(str(smollm2_hf_dir), dtype=torch.float32).eval()

@@ -19,7 +19,7 @@ HF_ARCHITECTURES = {
 @pytest.fixture(scope="module")
 def bridge(megatron_cpu):
     from nemo_noise_plugin import providers
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     return dict(
         providers=providers,
@@ -179,7 +179,7 @@ def test_a_plugin_provider_keeps_a_copy_of_its_own_noise_and_kd_settings(bridge)
 
 
 def test_a_subclass_that_only_changes_defaults_converts_with_its_defaults(bridge):
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     mistral = import_bridge("megatron.bridge.models.mistral.mistral_provider").MistralModelProvider
     source = mistral()
@@ -200,7 +200,7 @@ def test_a_subclass_that_only_changes_defaults_converts_with_its_defaults(bridge
     ],
 )
 def test_a_subclass_with_its_own_model_building_is_rejected_by_name(bridge, module, class_name, lost):
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     provider_class = getattr(import_bridge(module), class_name)
     source = object.__new__(provider_class)  # the check is on the class: no need to satisfy its constructor
@@ -211,7 +211,7 @@ def test_a_subclass_with_its_own_model_building_is_rejected_by_name(bridge, modu
 
 
 def test_a_provider_that_is_not_a_gpt_provider_is_rejected(bridge):
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     t5 = import_bridge("megatron.bridge.models.t5_provider").T5ModelProvider
     with pytest.raises(

@@ -25,6 +25,19 @@ MOVED = {
         "nemo_noise_plugin.distillation.config",
         ["HIDDEN_LOSSES", "KD_LOSSES", "KD_TOKEN_SELECTIONS", "HiddenLossKind", "KDConfig", "KDLossKind", "KDTokens"],
     ),
+    "nemo_noise_plugin.training.launch": (  # the docs' ``from nemo_noise_plugin.training.launch import launch``
+        "nemo_noise_plugin.jobs.launch.launcher",
+        [
+            "GPU_REQUIRED_MESSAGE",
+            "GPUUnavailableError",
+            "check_run_settings",
+            "forward_step_for",
+            "launch",
+            "require_gpu",
+            "saved_checkpoints",
+            "training_entry_for",
+        ],
+    ),
 }
 """Old module -> (new module, the old module's public names)."""
 
@@ -40,6 +53,13 @@ def test_the_old_import_path_gives_the_same_objects_as_the_new_one(old):
 @pytest.mark.parametrize("old", sorted(MOVED))
 def test_the_alias_docstring_names_the_new_module(old):
     assert f"Moved to ``{MOVED[old][0]}``" in importlib.import_module(old).__doc__
+
+
+def test_the_old_launch_path_also_gives_the_main_jobs_launch_with_report():
+    from nemo_noise_plugin.jobs.main_job import launch_with_report as new
+    from nemo_noise_plugin.training.launch import launch_with_report as old
+
+    assert old is new
 
 
 def test_from_imports_of_the_old_calibration_path_compute_the_same_sigma():

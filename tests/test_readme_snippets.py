@@ -81,15 +81,15 @@ def bridge_on_the_cpu(megatron_cpu, monkeypatch, tmp_path):
     """Bridge's ``pretrain`` and ``AutoBridge.from_hf_pretrained``, as far as a CPU without a download runs them.
 
     ``pretrain`` (CUDA only) becomes: Bridge's own ``ConfigContainer.validate()`` (what ``pretrain`` runs first),
-    then the plugin's CPU loop (``training.cpu_loop``: the recipe's provider, model, data pipeline, forward step and
+    then the plugin's CPU loop (``jobs.cpu.loop``: the recipe's provider, model, data pipeline, forward step and
     loss), shortened to ``CPU_TRAIN_ITERS`` iterations so that the snippet's runs take seconds. The hub id loads a
     tiny random Llama checkpoint saved here instead (same architecture, real AutoBridge conversion). Yields the
     what each ``pretrain`` call received (``config``, ``forward_step``) and how many steps it trained.
     """
     import transformers
 
-    from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.training.cpu_loop import run_cpu_loop
+    from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     llama = transformers.LlamaConfig(
         vocab_size=256,

@@ -37,8 +37,8 @@ def test_tiny_distillation_recipe_carries_the_kd_settings(recipes, tmp_path):
 
 
 def test_model_recipes_start_from_bridges_own_sft_recipes(recipes):
-    from nemo_noise_plugin.bridge_imports import import_bridge
     from nemo_noise_plugin.recipes.hf_models import BRIDGE_SFT_RECIPES
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     assert set(BRIDGE_SFT_RECIPES) == {"llama32_1b", "llama31_8b", "qwen3_8b"}
     for module, function in BRIDGE_SFT_RECIPES.values():

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nemo_noise_plugin.artifacts import (
+from nemo_noise_plugin.jobs.reports.artifacts import (
     CPU_STATE_PATTERN,
     ITERATION_PATTERN,
     TRACKER_FILE,
@@ -22,7 +22,7 @@ from nemo_noise_plugin.artifacts import (
     prune_checkpoints,
     prune_reports,
 )
-from nemo_noise_plugin.provenance import data_files, run_provenance, run_title
+from nemo_noise_plugin.jobs.reports.provenance import data_files, run_provenance, run_title
 from tests import test_sft_callbacks_bridge_state as bridge_fixtures
 
 bridge_state = bridge_fixtures.bridge_state
@@ -34,7 +34,7 @@ FIELDS |= {"data_files", "config_sha256", "config"}
 
 
 def _context(state, model, user_state):
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     callbacks = import_bridge("megatron.bridge.training.callbacks")
     return callbacks.CallbackContext(state=state, model=model, user_state=user_state)
@@ -114,7 +114,7 @@ def test_a_finetuning_dataset_hashes_its_jsonl_files_and_skips_bridges_index_fil
 
 @pytest.mark.parametrize("bridge_state", [None], indirect=True, ids=["unpacked"])
 def test_the_robustness_report_json_holds_the_provenance_and_its_title_says_noise_off(bridge_state, tmp_path, capsys):
-    from nemo_noise_plugin.robustness import RobustnessReport
+    from nemo_noise_plugin.jobs.reports.robustness import RobustnessReport
 
     state, model = bridge_state
     state.cfg.model.noise = dataclasses.replace(state.cfg.model.noise, enabled=False)  # the control's setting
@@ -137,7 +137,7 @@ def test_the_robustness_report_json_holds_the_provenance_and_its_title_says_nois
 
 @pytest.mark.parametrize("bridge_state", [None], indirect=True, ids=["unpacked"])
 def test_the_task_report_json_holds_the_same_provenance(bridge_state, tmp_path):
-    from nemo_noise_plugin.evaluation import TaskReport
+    from nemo_noise_plugin.jobs.reports.task_report import TaskReport
 
     state, model = bridge_state
     report = RunReport(tmp_path, recipe="tiny_chat")
@@ -153,7 +153,7 @@ def test_the_task_report_json_holds_the_same_provenance(bridge_state, tmp_path):
 
 
 def test_the_audit_report_provenance_holds_its_settings_version_and_data_hash(tmp_path):
-    from nemo_noise_plugin.audit_report import audit_provenance
+    from nemo_noise_plugin.jobs.reports.audit_targets import audit_provenance
 
     data = tmp_path / "chats.jsonl"
     data.write_text('{"text": "hello"}\n')
@@ -253,8 +253,8 @@ def test_prune_checkpoints_keeps_the_newest_cpu_loop_states_and_ignores_partial_
 
 
 def test_the_patterns_match_the_names_bridge_and_the_cpu_loop_give():
-    from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint
+    from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     utils = import_bridge("megatron.bridge.training.utils.checkpoint_utils")
     assert ITERATION_PATTERN.fullmatch(os.path.basename(utils.get_checkpoint_name("ckpt", 60)))
@@ -266,7 +266,7 @@ def test_the_main_job_offers_keep_last_in_its_help(capsys):
     import inspect
 
     from nemo_noise_plugin.cli import main_job
-    from nemo_noise_plugin.training.launch import launch_with_report
+    from nemo_noise_plugin.jobs.main_job import launch_with_report
 
     with pytest.raises(SystemExit):
         main_job.parse_args(["--help"])
@@ -278,8 +278,8 @@ def test_the_main_job_offers_keep_last_in_its_help(capsys):
 
 @pytest.mark.parametrize("bridge_state", [None], indirect=True, ids=["unpacked"])
 def test_each_line_of_the_audit_callback_holds_the_provenance_without_the_config(bridge_state, tmp_path):
-    from nemo_noise_plugin.audit_report import PrivacyAuditCallback
-    from nemo_noise_plugin.provenance import compact_provenance
+    from nemo_noise_plugin.jobs.reports.audit_targets import PrivacyAuditCallback
+    from nemo_noise_plugin.jobs.reports.provenance import compact_provenance
 
     state, model = bridge_state
     callback = PrivacyAuditCallback(state.cfg.model.noise, str(tmp_path), held_out_batches=1, recipe="tiny_chat")

@@ -8,10 +8,8 @@ import math
 
 import pytest
 
-from nemo_noise_plugin.artifacts import RunReport
-from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
-from nemo_noise_plugin.noise.families import NOISE_FAMILIES
-from nemo_noise_plugin.robustness import (
+from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+from nemo_noise_plugin.jobs.reports.robustness import (
     REPORT_MULTIPLES,
     RobustnessPoint,
     compare_to_control,
@@ -23,6 +21,8 @@ from nemo_noise_plugin.robustness import (
     t_quantile,
     write_report,
 )
+from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 
 
 def test_the_default_neftune_sweep_is_alpha_around_the_trained_alpha():

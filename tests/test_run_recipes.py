@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from nemo_noise_plugin.cli import finetune as finetune_cli
+from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, run_finetune
 from nemo_noise_plugin.recipes import RECIPES
-from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RUN_RECIPES = sorted((REPO / "recipes").glob("*.yaml"))

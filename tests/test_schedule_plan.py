@@ -35,7 +35,7 @@ def plan_cpu(megatron_cpu):
         init_num_microbatches_calculator,
     )
 
-    from nemo_noise_plugin.cpu.substitutes import install_schedule_plan_substitutes
+    from nemo_noise_plugin.jobs.cpu.substitutes import install_schedule_plan_substitutes
 
     install_schedule_plan_substitutes()
     init_num_microbatches_calculator(0, None, MICROBATCHES * MICRO_BATCH_SIZE, MICRO_BATCH_SIZE, 1)
@@ -154,11 +154,11 @@ def test_kd_parts_are_reported_from_inside_the_plan(plan_cpu):
 
 @pytest.fixture
 def plan_with(monkeypatch):
-    from nemo_noise_plugin.schedule_plan import plan_mixin
+    from nemo_noise_plugin.schedule_plan import builder
 
     def swap(**node_classes):
-        variant = type("PlanWithUpstreamNodes", (plan_mixin.NoisyModelChunkSchedulePlan,), node_classes)
-        monkeypatch.setattr(plan_mixin, "NoisyModelChunkSchedulePlan", variant)
+        variant = type("PlanWithUpstreamNodes", (builder.NoisyModelChunkSchedulePlan,), node_classes)
+        monkeypatch.setattr(builder, "NoisyModelChunkSchedulePlan", variant)
 
     return swap
 

@@ -41,11 +41,11 @@ def _ep2_rank(rank: int, world_size: int, port: int) -> dict[str, dict]:
     )
     from megatron.core.transformer.module import Float16Module
 
-    from nemo_noise_plugin.bridge_imports import import_bridge
-    from nemo_noise_plugin.cpu.substitutes import install_schedule_plan_substitutes
     from nemo_noise_plugin.distillation.config import KDConfig
+    from nemo_noise_plugin.jobs.cpu.substitutes import install_schedule_plan_substitutes
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
     from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
     from tests.support.schedule_plan import (
         bound_forward_step,

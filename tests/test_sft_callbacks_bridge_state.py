@@ -15,8 +15,8 @@ import os
 import pytest
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.instructions import instruction_examples
+from nemo_noise_plugin.data.instruction_set import instruction_examples
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 
@@ -76,8 +76,8 @@ def _context(state, model, user_state):
 
 
 def test_task_report_scores_every_held_out_split_from_bridges_datasets(bridge_state, tmp_path):
-    from nemo_noise_plugin.artifacts import RunReport
-    from nemo_noise_plugin.evaluation import TaskReport
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.task_report import TaskReport
 
     state, model = bridge_state
     assert not hasattr(state.cfg.dataset, "tokenizer")  # as Bridge leaves a finetuning dataset config
@@ -103,8 +103,8 @@ def test_task_report_scores_every_held_out_split_from_bridges_datasets(bridge_st
 
 
 def test_robustness_report_measures_bridges_validation_batches(bridge_state, tmp_path):
-    from nemo_noise_plugin.artifacts import RunReport
-    from nemo_noise_plugin.robustness import REPORT_MULTIPLES, RobustnessReport
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.robustness import REPORT_MULTIPLES, RobustnessReport
 
     state, model = bridge_state
     robustness = RobustnessReport(state.cfg.model.noise, RunReport(tmp_path / "reports"), "bridge state")

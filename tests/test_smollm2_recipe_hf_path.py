@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_noise_plugin import pretrained
+from nemo_noise_plugin.data import smollm2_wheel as pretrained
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.cpu import init_cpu_parallel
 from nemo_noise_plugin.distillation.config import KDConfig
+from nemo_noise_plugin.jobs.cpu import init_cpu_parallel
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.recipes import RECIPES
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 EOS = 2
@@ -125,7 +125,7 @@ def hf_tokenizer(smollm2_hf_dir):  # noqa: F811
 
 
 def _prompts(hf_tokenizer, count):
-    from nemo_noise_plugin.instructions import instruction_examples
+    from nemo_noise_plugin.data.instruction_set import instruction_examples
 
     chats = [[m for m in e["messages"] if m["role"] != "assistant"] for e in instruction_examples()[:count]]
     return [hf_tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=False) for chat in chats]
@@ -135,7 +135,7 @@ def _prompts(hf_tokenizer, count):
 def test_megatron_greedy_decoding_gives_transformers_greedy_answer(model, smollm2_hf_dir, hf_tokenizer):  # noqa: F811
     import transformers
 
-    from nemo_noise_plugin.evaluation import greedy_decode
+    from nemo_noise_plugin.jobs.reports.task_report import greedy_decode
 
     hf_model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_hf_dir, dtype=torch.float32).eval()
     for prompt in _prompts(hf_tokenizer, 3):
@@ -147,10 +147,10 @@ def test_megatron_greedy_decoding_gives_transformers_greedy_answer(model, smollm
 
 @pytest.mark.slow
 def test_teacher_forced_exact_match_agrees_with_greedy_decoding(model, sft_config, hf_tokenizer):
-    from nemo_noise_plugin.batches import collate, recipe_datasets
-    from nemo_noise_plugin.cpu.parallel import causal_attention_mask
-    from nemo_noise_plugin.evaluation import exact_match, greedy_decode
-    from nemo_noise_plugin.instructions import instruction_examples
+    from nemo_noise_plugin.data.instruction_set import instruction_examples
+    from nemo_noise_plugin.jobs.batches import collate, recipe_datasets
+    from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
+    from nemo_noise_plugin.jobs.reports.task_report import exact_match, greedy_decode
 
     state = import_bridge("megatron.bridge.training.state").GlobalState()
     state.cfg = sft_config
@@ -169,7 +169,7 @@ def test_teacher_forced_exact_match_agrees_with_greedy_decoding(model, sft_confi
 def test_export_before_training_is_bitwise_the_source(model, smollm2_hf_dir, tmp_path):  # noqa: F811
     from safetensors.torch import load_file
 
-    from nemo_noise_plugin.evaluation import export_hf
+    from nemo_noise_plugin.jobs.reports.task_report import export_hf
 
     folder = export_hf(model, str(smollm2_hf_dir), str(tmp_path / "hf"))
     source = {k: v for f in smollm2_hf_dir.glob("*.safetensors") for k, v in load_file(f).items()}
@@ -183,11 +183,11 @@ def trained(smollm2_hf_dir, tmp_path_factory):  # noqa: F811
     """Three noisy steps (NEFTune alpha 5) of the SFT recipe on the CPU loop, measured inside the run."""
     from megatron.core.utils import unwrap_model
 
-    from nemo_noise_plugin.batches import collate
-    from nemo_noise_plugin.evaluation import export_hf
+    from nemo_noise_plugin.jobs.batches import collate
+    from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
+    from nemo_noise_plugin.jobs.reports.robustness import logits_of
+    from nemo_noise_plugin.jobs.reports.task_report import export_hf
     from nemo_noise_plugin.recipes.smollm2 import smollm2_135m_noise_sft_config
-    from nemo_noise_plugin.robustness import logits_of
-    from nemo_noise_plugin.training.cpu_loop import run_cpu_loop
     from nemo_noise_plugin.training.forward_step import noise_forward_step
 
     root = tmp_path_factory.mktemp("trained")
@@ -211,8 +211,8 @@ def trained(smollm2_hf_dir, tmp_path_factory):  # noqa: F811
 
     class Measure(callbacks.Callback):
         def on_train_start(self, context):
-            from nemo_noise_plugin.batches import recipe_datasets
-            from nemo_noise_plugin.cpu.parallel import causal_attention_mask
+            from nemo_noise_plugin.jobs.batches import recipe_datasets
+            from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
 
             train, _, _ = recipe_datasets(context.state)
             self.batches = collate(train, 3, 4, causal_attention_mask(128), "cpu")  # the batches it trains on

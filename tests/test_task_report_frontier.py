@@ -15,8 +15,8 @@ import os
 import pytest
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 NOISE = NoiseConfig(mechanism="gaussian_mechanism", epsilon=30.0, clip_norm=1.0, special_token_ids=[1, 2])
@@ -66,8 +66,8 @@ def _context(state, model, user_state):
 def test_the_task_report_states_the_runs_frontier_point_and_its_noise(bridge_state, tmp_path, capsys):
     from megatron.core.utils import unwrap_model
 
-    from nemo_noise_plugin.artifacts import RunReport
-    from nemo_noise_plugin.evaluation import FRONTIER_TOKENS, TaskReport, input_embedding_table
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.task_report import FRONTIER_TOKENS, TaskReport, input_embedding_table
     from nemo_noise_plugin.privacy.audit import noised_tokens
     from nemo_noise_plugin.privacy.ledger import privacy_ledger
 
@@ -120,8 +120,8 @@ def test_the_task_report_states_the_runs_frontier_point_and_its_noise(bridge_sta
 
 
 def test_a_run_without_noise_has_no_frontier_point_but_records_its_noise(bridge_state, tmp_path):
-    from nemo_noise_plugin.artifacts import RunReport
-    from nemo_noise_plugin.evaluation import TaskReport
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.task_report import TaskReport
 
     state, model = bridge_state
     state.cfg.model.noise = dataclasses.replace(NOISE, enabled=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_noise_plugin.upstream_copies import UPSTREAM_COPIES, resolve, upstream_source_sha256
+from nemo_noise_plugin.upstream.copies import UPSTREAM_COPIES, resolve, upstream_source_sha256
 
 
 @pytest.mark.parametrize("copy", UPSTREAM_COPIES, ids=lambda copy: copy.ours.rpartition(":")[2])
@@ -12,7 +12,7 @@ def test_the_upstream_original_is_the_one_our_copy_was_made_from(copy):
     assert callable(resolve(copy.ours))
     assert upstream_source_sha256(copy.upstream) == copy.sha256, (
         f"{copy.upstream} changed upstream: re-read it, carry the change into {copy.ours} "
-        f"({copy.change}), then record the new digest in nemo_noise_plugin/upstream_copies.py."
+        f"({copy.change}), then record the new digest in nemo_noise_plugin/upstream/copies.py."
     )
 
 

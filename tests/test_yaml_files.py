@@ -295,7 +295,8 @@ def test_the_audit_reads_exponent_floats_from_its_config_file(tmp_path):
 @pytest.fixture(scope="module")
 def bridge(megatron_cpu):
     from nemo_noise_plugin import recipes
-    from nemo_noise_plugin.training import finetune, overrides
+    from nemo_noise_plugin.jobs.launch import finetune
+    from nemo_noise_plugin.training import overrides
 
     return dict(recipes=recipes, overrides=overrides, finetune=finetune)
 

@@ -1,4 +1,4 @@
-"""The command lines, each a thin parser over one function in ``training/`` or ``privacy/``.
+"""The command lines, each a thin parser over one function in ``jobs/`` or ``privacy/``.
 
 - ``main_job``: ``python -m nemo_noise_plugin`` (the main job on the embedded default);
 - ``nemo_llm``: ``nemo llm finetune`` (NeMo-Run's ``nemo`` command, entry point ``llm``), and ``finetune``, its

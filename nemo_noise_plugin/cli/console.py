@@ -4,7 +4,7 @@ Megatron-Core, Megatron-Bridge, torch and NeMo-Run print a few dozen warnings an
 Transformer Engine or Apex (fallback notices, deprecations, an import traceback logged twice). The command entry
 points call ``quiet_third_party()`` before they import those libraries; ``--verbose`` shows everything. The library
 itself never filters warnings or logs. Bridge's own console output during training (its configuration summary and a
-line per step) goes to the run folder's ``bridge.log`` (``training.bridge_console``), and with ``--verbose`` to the
+line per step) goes to the run folder's ``bridge.log`` (``jobs.launch.bridge_console``), and with ``--verbose`` to the
 console too.
 """
 
@@ -17,7 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from nemo_noise_plugin.training.bridge_console import log_bridge_output
+from nemo_noise_plugin.jobs.launch.bridge_console import log_bridge_output
 
 __all__ = [
     "INFO_ONLY_LOGGERS",
@@ -110,7 +110,7 @@ def quiet_for_nemo_command() -> None:
 
     The ``nemo`` program is quiet unless given ``--verbose``/``-v``; a task's process (NeMo-Run's ``fdl_runner``) is
     quiet unless ``VERBOSE_ENV`` is ``1`` (``nemo ... -v`` sets it for the task). Both send Bridge's console output
-    to the run folder's ``bridge.log`` (``training.bridge_console.log_bridge_output``; verbose: to the console too).
+    to the run folder's ``bridge.log`` (``jobs.launch.bridge_console.log_bridge_output``; verbose: to the console too).
     Other programs are left alone.
     """
     if running_the_nemo_command():

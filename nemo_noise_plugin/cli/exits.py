@@ -9,7 +9,7 @@ through:
 - a failed run (a loss that is not finite, a report or checkpoint that cannot be written, no GPU) exits 1 with one
   line; a full disk is named as such;
 - Ctrl-C exits 130, SIGTERM 143 (``stop_on_sigterm``), with one line saying truthfully whether and where a
-  checkpoint exists (``training.launch.saved_checkpoints``).
+  checkpoint exists (``jobs.launch.launcher.saved_checkpoints``).
 
 ``--verbose`` keeps the one line and adds nothing; a bug (any other exception) still shows its traceback.
 """
@@ -67,7 +67,7 @@ def _one_line(text: str) -> str:
 
 def checkpoint_sentence() -> str:
     """Whether and where this process's runs have a checkpoint on disk now, in words."""
-    from nemo_noise_plugin.training.launch import saved_checkpoints
+    from nemo_noise_plugin.jobs.launch.launcher import saved_checkpoints
 
     saved = saved_checkpoints()
     if not saved:
@@ -77,7 +77,7 @@ def checkpoint_sentence() -> str:
 
 def describe_failure(error: BaseException) -> tuple[int, str] | None:
     """``(exit status, one line)`` for an error that is the user's or the machine's, not a bug; else None."""
-    from nemo_noise_plugin.training.finetune import FinetuneError
+    from nemo_noise_plugin.jobs.launch.finetune import FinetuneError
 
     for name in ("NonFiniteLossError", "GPUUnavailableError", "ArtifactWriteError", "CheckpointWriteError"):
         if any(kind.__name__ == name for kind in type(error).__mro__):  # their messages name the file and reason

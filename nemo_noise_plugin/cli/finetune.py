@@ -4,7 +4,7 @@
     python -m nemo_noise_plugin.cli.finetune -f tiny_noise_sft --config-file recipes/tiny_neftune.yaml --to-yaml -
     torchrun --nproc-per-node 8 -m nemo_noise_plugin.cli.finetune --factory llama31_8b_noise_sft train.train_iters=100
 
-A thin parser over ``training.finetune.run_finetune``. Bridge's own output (its configuration summary, its line per
+A thin parser over ``jobs.launch.finetune.run_finetune``. Bridge's own output (its configuration summary, its line per
 step) goes to ``bridge.log`` in the run folder (``bridge.rank<N>.log`` for rank N), and with ``-v`` here too. Errors
 end as every front door's do (``cli.exits``): one line, status 2 for a usage error, 1 for a failed run, 130/143 for
 an interrupt. ``--factory`` takes recipe arguments too, as ``nemo`` does: ``-f "tiny_noise_sft(seq_length=64)"``.
@@ -20,13 +20,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from nemo_noise_plugin.artifacts import check_output_dir
 from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.cli.exits import UsageParser, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus
+from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log
+from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, load_recipe, run_finetune
+from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
 from nemo_noise_plugin.recipes import RECIPES
-from nemo_noise_plugin.training.bridge_console import bridge_log
-from nemo_noise_plugin.training.finetune import FinetuneError, load_recipe, run_finetune
 
 __all__ = ["check_recipe_arguments", "check_to_yaml", "main", "recipe_with_arguments"]
 

@@ -2,7 +2,7 @@
 
 A recipe on the embedded corpus (``tiny_noise_sft`` by default) trained with the plugin's forward step: Bridge's
 training loop on a GPU, the CPU loop without one (which says so), a progress line per step, then a robustness
-report of the model before and after training (``training.launch.launch_with_report``). On a GPU, Bridge's own
+report of the model before and after training (``jobs.main_job.launch_with_report``). On a GPU, Bridge's own
 output (its configuration summary, its line per step) goes to ``<output dir>/<recipe>/bridge.log``; ``-v`` shows
 it here too.
 """
@@ -15,7 +15,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from nemo_noise_plugin.artifacts import check_output_dir
 from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.cli.exits import (
     EXIT_USAGE,
@@ -23,6 +22,8 @@ from nemo_noise_plugin.cli.exits import (
     run_command,
     stop_on_sigterm,
 )
+from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log, run_folder
+from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
 from nemo_noise_plugin.noise.config import (
     LENGTH_SCALED_MECHANISMS,
     MAGNITUDE_FIELDS,
@@ -33,7 +34,6 @@ from nemo_noise_plugin.noise.config import (
 )
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.recipes import RECIPES
-from nemo_noise_plugin.training.bridge_console import bridge_log, run_folder
 from nemo_noise_plugin.yaml_files import YAMLInputError
 
 __all__ = ["build_noise_config", "main", "parse_args"]
@@ -174,8 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
+    from nemo_noise_plugin.jobs.main_job import launch_with_report
     from nemo_noise_plugin.recipes import recipe_function
-    from nemo_noise_plugin.training.launch import launch_with_report
 
     recipe = recipe_function(RECIPES[args.recipe].path)
     lr = args.lr if args.lr is not None else (1e-3 if args.recipe.startswith("tiny") else None)
@@ -192,6 +192,7 @@ def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
             clean_pretrain_steps=RECIPES[args.recipe].clean_pretrain_steps if pretrain is None else pretrain,
             recipe=args.recipe,
             keep_last=args.keep_last,
+            reports=RECIPES[args.recipe].reports,
         )
     except ValueError as error:  # the plugin's settings, re-validated before the model is built
         print(f"error: {error}", file=sys.stderr)

@@ -18,7 +18,7 @@ trailing ``key=value`` arguments do not go through NeMo-Run's parser (which edit
 ``+=`` means "add to"): ``FinetuneRunContext`` hands them to Megatron-Bridge's Hydra override path. Without
 ``executor=`` the function runs in-process; NeMo-Run's confirmation (``Continue?``) is skipped with ``-y`` or under
 torchrun (``WORLD_SIZE`` > 1). With ``executor=local|slurm|slurm_ssh|docker|lepton|dgxcloud`` (factories
-registered for this run context, ``executor.KEY=VALUE`` settings) ``training.executors.launch_finetune`` checks
+registered for this run context, ``executor.KEY=VALUE`` settings) ``jobs.executors.task.launch_finetune`` checks
 everything it can, then runs a ``run.Partial`` of ``finetune`` in a NeMo-Run experiment on that executor
 (``--dryrun``: the torchrun command, sbatch script, container or cluster job it would launch)::
 
@@ -56,11 +56,11 @@ if running_the_nemo_command():
     hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
 from nemo_noise_plugin.cli.finetune import check_recipe_arguments, check_to_yaml  # noqa: E402
+from nemo_noise_plugin.jobs.executors.settings import EXECUTOR_FACTORIES, build_executor  # noqa: E402
+from nemo_noise_plugin.jobs.executors.task import launch_finetune  # noqa: E402
+from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, run_finetune, unknown_factory  # noqa: E402
+from nemo_noise_plugin.jobs.launch.launcher import GPUUnavailableError  # noqa: E402
 from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402
-from nemo_noise_plugin.training.executor_settings import EXECUTOR_FACTORIES, build_executor  # noqa: E402
-from nemo_noise_plugin.training.executors import launch_finetune  # noqa: E402
-from nemo_noise_plugin.training.finetune import FinetuneError, run_finetune, unknown_factory  # noqa: E402
-from nemo_noise_plugin.training.launch import GPUUnavailableError  # noqa: E402
 
 __all__ = [
     "FinetuneEntrypoint",
@@ -159,7 +159,7 @@ class FinetuneRunContext(RunContext):
     receives the remaining arguments: ``executor=NAME`` and ``executor.KEY=VALUE`` pick and configure a NeMo-Run
     executor (factories registered for this context: ``EXECUTOR_FACTORIES``, or any registered under
     NeMo-Run's ``Executor`` types); the rest are Bridge overrides. Without an executor it calls the entrypoint
-    function itself; with one, ``training.executors.launch_finetune`` runs a ``run.Partial`` of it.
+    function itself; with one, ``jobs.executors.task.launch_finetune`` runs a ``run.Partial`` of it.
     """
 
     config_file: Optional[str] = None  # noqa: UP045

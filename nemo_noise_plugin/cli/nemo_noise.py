@@ -3,7 +3,7 @@
 Registered under the ``nemo_run.cli`` entry-point group in ``pyproject.toml``; ``nemo`` imports this module to
 build the group, so importing it must stay cheap and must not need Transformer Engine, a GPU or Megatron-Bridge.
 ``nemo noise ledger`` prints the privacy ledger of a noise config; ``nemo noise audit`` runs the token-recovery audit
-report (``audit_report.run_audit_report``). ``nemo llm finetune`` lives in
+report (``jobs.reports.audit_targets.run_audit_report``). ``nemo llm finetune`` lives in
 ``cli.nemo_llm`` (the ``llm`` entry point; it moves to ``nemo noise finetune`` where NeMo 2's own ``llm`` group is
 installed).
 """
@@ -160,10 +160,10 @@ def check_writable_folder(path: str, setting: str) -> None:
 
 def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     """The ``nemo noise audit`` arguments checked and converted: ``config`` (a ``NoiseConfig``), ``sweeps``,
-    ``attacks`` (a tuple), ``run`` (an ``audit_report.TrainedRun`` or None) and the run settings; raises
+    ``attacks`` (a tuple), ``run`` (an ``jobs.reports.audit_targets.TrainedRun`` or None) and the run settings; raises
     ``ValueError`` naming a bad or missing argument. Reads the run folder's and data file's text; loads no model and
     writes nothing."""
-    from nemo_noise_plugin.audit_report import MODELS, check_audit_data, check_hf_dir, read_run_folder
+    from nemo_noise_plugin.jobs.reports.audit_targets import MODELS, check_audit_data, check_hf_dir, read_run_folder
     from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
     from nemo_noise_plugin.privacy.audit.checks import check_choice
     from nemo_noise_plugin.privacy.audit.run import ATTACKS
@@ -243,7 +243,7 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
 
 def run_audit(arguments: Sequence[str]) -> dict[str, str]:
     """Parse ``nemo noise audit`` arguments and run the report; the written files' paths."""
-    from nemo_noise_plugin.audit_report import run_audit_report
+    from nemo_noise_plugin.jobs.reports.audit_targets import run_audit_report
 
     settings = parse_audit_arguments(arguments)
     return run_audit_report(

@@ -27,8 +27,8 @@ import torch
 from megatron.core.utils import unwrap_model
 from torch import nn
 
-from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.teacher import ATTACHED_TEACHER_ATTRIBUTE as _TEACHER
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 _SETTLED = "_nemo_noise_clean_teacher_settled"
 

@@ -25,7 +25,7 @@ from megatron.core.utils import WrappedTensor
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from nemo_noise_plugin.schedule_plan.plan_mixin import PluginSchedulePlanMixin
+from nemo_noise_plugin.schedule_plan.builder import PluginSchedulePlanMixin
 
 __all__ = ["NoiseInjectionMixin"]
 

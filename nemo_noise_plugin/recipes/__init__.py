@@ -13,7 +13,12 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["RECIPES", "Recipe", "recipe_function"]
+__all__ = ["RECIPES", "REPORTS", "Recipe", "recipe_function"]
+
+REPORTS = ("task", "robustness")
+"""The reports a recipe may name: ``task`` (held-out exact match and the HF export, for instruction data) and
+``robustness`` (loss and KL under noise before and after training; it finishes the report folder). The jobs wing
+builds them (``jobs.reports.callbacks``); a recipe only names them."""
 
 
 @dataclass(frozen=True)
@@ -24,25 +29,43 @@ class Recipe:
     """``module:function`` returning a ``ConfigContainer``."""
     embedded_corpus: bool = False
     """Trains on data shipped with the package (the tiny recipes' corpus, the SmolLM2 recipes' instruction set): runs
-    on the CPU loop without a GPU and writes the robustness report. The SmolLM2 model itself comes from the package
-    index (``pretrained.ensure_smollm2_hf``), converted once and cached."""
+    on the CPU loop without a GPU, and is one of the main job's ``--recipe`` choices. The SmolLM2 model itself comes
+    from the package index (``data.smollm2_wheel.ensure_smollm2_hf``), converted once and cached."""
+    reports: tuple[str, ...] = ()
+    """The reports a run of this recipe writes (names from ``REPORTS``), under ``nemo llm finetune`` and the main job
+    alike; empty: none. The jobs wing builds their callbacks."""
     clean_pretrain_steps: int = 0
     """Steps of clean training (noise and KD off) the main job runs first, for recipes that start from random weights
-    but distil from a teacher copied from the start: the tiny distillation recipe's teacher is then a trained model."""
+    but distil from a teacher copied from the start: the tiny distillation recipe's teacher is then a trained model.
+    Only the main job reads it: ``nemo llm finetune`` trains what it is given."""
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.reports if name not in REPORTS]
+        if unknown or len(set(self.reports)) != len(self.reports):
+            raise ValueError(f"reports={self.reports!r} is invalid: expected distinct names from {REPORTS}.")
 
 
 _HF_MODELS = ("llama32_1b", "llama31_8b", "qwen3_8b")
 
 RECIPES: dict[str, Recipe] = {
-    "tiny_noise_sft": Recipe("nemo_noise_plugin.recipes.tiny:tiny_noise_sft_config", embedded_corpus=True),
+    "tiny_noise_sft": Recipe(
+        "nemo_noise_plugin.recipes.tiny:tiny_noise_sft_config", embedded_corpus=True, reports=("robustness",)
+    ),
     "tiny_noise_distillation": Recipe(
-        "nemo_noise_plugin.recipes.tiny:tiny_noise_distillation_config", embedded_corpus=True, clean_pretrain_steps=100
+        "nemo_noise_plugin.recipes.tiny:tiny_noise_distillation_config",
+        embedded_corpus=True,
+        reports=("robustness",),
+        clean_pretrain_steps=100,
     ),
     "smollm2_135m_noise_sft": Recipe(
-        "nemo_noise_plugin.recipes.smollm2:smollm2_135m_noise_sft_config", embedded_corpus=True
+        "nemo_noise_plugin.recipes.smollm2:smollm2_135m_noise_sft_config",
+        embedded_corpus=True,
+        reports=("task", "robustness"),
     ),
     "smollm2_135m_noise_distillation": Recipe(
-        "nemo_noise_plugin.recipes.smollm2:smollm2_135m_noise_distillation_config", embedded_corpus=True
+        "nemo_noise_plugin.recipes.smollm2:smollm2_135m_noise_distillation_config",
+        embedded_corpus=True,
+        reports=("task", "robustness"),
     ),
     **{
         f"{model}_noise_{mode}": Recipe(f"nemo_noise_plugin.recipes.hf_models:{model}_noise_{mode}_config")

@@ -10,9 +10,9 @@ HF config from the Hugging Face hub (or the local HF cache) when called.
 
 from __future__ import annotations
 
-from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 BRIDGE_SFT_RECIPES = {
     "llama32_1b": ("megatron.bridge.recipes.llama", "llama32_1b_sft_config"),

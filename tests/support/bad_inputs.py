@@ -46,7 +46,7 @@ class UserError(Exception):
 
 def run_case(case: BadInput) -> Outcome:
     """Run ``case`` and classify what happened."""
-    from nemo_noise_plugin.training.finetune import FinetuneError
+    from nemo_noise_plugin.jobs.launch.finetune import FinetuneError
 
     try:
         case.run()
@@ -96,7 +96,7 @@ def _main_job(*argv: str) -> Callable[[], None]:
 
 def _finetune(*overrides: str, config_file_text: str | None = None) -> Callable[[], None]:
     def run() -> None:
-        from nemo_noise_plugin.training.finetune import run_finetune
+        from nemo_noise_plugin.jobs.launch.finetune import run_finetune
 
         with tempfile.TemporaryDirectory() as folder:
             config_file = None

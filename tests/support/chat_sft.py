@@ -25,7 +25,7 @@ def write_chat_tokenizer(folder: str | Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from nemo_noise_plugin.instructions import instruction_examples
+    from nemo_noise_plugin.data.instruction_set import instruction_examples
 
     examples = instruction_examples("training") + instruction_examples("validation")
     texts = [message["content"] for example in examples for message in example["messages"]]

@@ -18,7 +18,7 @@ def noisy_model_noise_under_tp(out_dir: str) -> None:
     The embedding weights are zeroed, so the decoder input is exactly the noise; the test compares the ranks'
     tensors with each other and with the single-process noise.
     """
-    from nemo_noise_plugin.cpu import destroy_cpu_parallel, init_cpu_parallel
+    from nemo_noise_plugin.jobs.cpu import destroy_cpu_parallel, init_cpu_parallel
     from nemo_noise_plugin.model import NoisyGPTModel
     from nemo_noise_plugin.noise.config import NoiseConfig
     from tests.support.models import build_tiny_gpt, tiny_gpt_config

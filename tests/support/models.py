@@ -1,6 +1,6 @@
 """Tiny Megatron-Core GPT models for tests and benchmarks (the real GPTModel on the local layer spec).
 
-The gloo process-group set-up and the CPU substitutes they run on come from the package (``nemo_noise_plugin.cpu``),
+The gloo process-group set-up and the CPU substitutes they run on come from the package (``jobs.cpu``),
 which the CPU main job uses too; they are re-exported here for the tests.
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.cpu import causal_attention_mask, destroy_cpu_parallel, free_port, init_cpu_parallel
+from nemo_noise_plugin.jobs.cpu import causal_attention_mask, destroy_cpu_parallel, free_port, init_cpu_parallel
 from nemo_noise_plugin.recipes.tiny import CUDA_FREE_SETTINGS
 
 __all__ = [

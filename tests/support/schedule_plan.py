@@ -58,8 +58,8 @@ def build_provider(noise=None, kd=None, **overrides: Any):
     ``GPTModelProvider`` when ``noise`` is None too)."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from nemo_noise_plugin.bridge_imports import import_bridge
     from nemo_noise_plugin.providers import NoisyDistillationProvider, NoisyGPTModelProvider
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     settings = moe_settings(**overrides)
     if kd is not None:
@@ -85,7 +85,7 @@ def build_model(provider, mixed_precision_wrapper=None):
 
 def bridge_state(provider, global_batch_size: int, micro_batch_size: int, step: int = 0, seq_length: int = SEQ):
     """A Bridge ``GlobalState`` whose config holds ``provider`` (the forward steps read its loss settings)."""
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     config = import_bridge("megatron.bridge.training.config")
     tokenizer = import_bridge("megatron.bridge.training.tokenizers.config")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nemo_noise_plugin.pretrained import (
+from nemo_noise_plugin.data.smollm2_wheel import (
     SMOLLM2_REQUIREMENT,
     SMOLLM2_WHEEL,
     PretrainedModelUnavailable,

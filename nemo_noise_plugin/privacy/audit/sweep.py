@@ -1,4 +1,4 @@
-"""The audit report: token recovery per attack against noise level, with the ledger's epsilon and the task cost.
+"""The noise sweep of the privacy audit: token recovery per attack against noise level, with epsilon and task cost.
 
 A sweep varies one setting of one mechanism (NEFTune ``alpha``, Gaussian ``sigma``, d_chi ``eta``, the Gaussian
 mechanism's ``epsilon``, or ``distance_multiple`` under ``embedding_distance`` scaling) over levels; at each level

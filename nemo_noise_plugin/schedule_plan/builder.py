@@ -53,7 +53,7 @@ class PluginSchedulePlanMixin:
     ):
         """``GPTModel.build_schedule_plan`` (megatron-core 0.19.2, ``gpt_model.py``) with the plugin's nodes.
 
-        A copy of upstream's method with the plan class as the change (``nemo_noise_plugin.upstream_copies``).
+        A copy of upstream's method with the plan class as the change (``nemo_noise_plugin.upstream.copies``).
         """
         if not isinstance(self, GPTModel):
             raise NotImplementedError(

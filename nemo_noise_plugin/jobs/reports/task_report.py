@@ -6,7 +6,7 @@ reproduces the reference answer's tokens and then stops (the end-of-turn token).
 that sequence iff, fed the reference, the model's argmax at every answer position is the next reference token, so
 one teacher-forced forward pass per batch computes it exactly (``greedy_decode`` is the plain loop, which the tests
 check it against). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training (on the
-datasets and tokenizer as Bridge's loop has them: ``batches.recipe_datasets``), then the model exported with
+datasets and tokenizer as Bridge's loop has them: ``jobs.batches.recipe_datasets``), then the model exported with
 Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers, checked against Megatron's logits
 (``hf_logit_agreement``) and asked the first held-out questions; written as ``task_report.{json,png}`` and ``hf/``
 into the run's report folder. With noise on, the report also states the run's frontier point (``frontier_point``):
@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from nemo_noise_plugin.artifacts import RunReport
-from nemo_noise_plugin.batches import collate, recipe_datasets, recipe_tokenizer
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.cpu.parallel import causal_attention_mask
-from nemo_noise_plugin.provenance import describe_report, run_title
+from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, recipe_tokenizer
+from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
+from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+from nemo_noise_plugin.jobs.reports.provenance import describe_report, run_title
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = [
     "FRONTIER_ATTACKS",
@@ -392,7 +392,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
     model against Megatron's logits) and ``transformers_replies`` with the export; ``run`` (``run_settings``: the
     noise config as trained, sequence length, epochs, which ``nemo noise audit run=`` reads); ``provenance``
     (``RunReport.describe``: recipe, resolved config and its hash, noise, steps, seeds, version, data hashes; the
-    figure's title is ``provenance.run_title`` of it); and, when the run
+    figure's title is ``jobs.reports.provenance.run_title`` of it); and, when the run
     trains with noise and ``frontier`` is on, ``frontier`` (``frontier_point`` of the trained model at the run's own
     noise: exact match under that noise, token recovery of ``frontier_attacks`` over ``frontier_tokens`` noised
     held-out tokens, epsilon per token and per sequence).
@@ -494,7 +494,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
     def _export(self, context: Any) -> None:
         from megatron.core.utils import unwrap_model
 
-        from nemo_noise_plugin.instructions import instruction_examples
+        from nemo_noise_plugin.data.instruction_set import instruction_examples
 
         model = unwrap_model(context.model[0])
         source = context.state.cfg.tokenizer.tokenizer_model

@@ -26,15 +26,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from nemo_noise_plugin.artifacts import RunReport
-from nemo_noise_plugin.batches import collate, recipe_datasets
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.cpu.parallel import causal_attention_mask
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
+from nemo_noise_plugin.jobs.batches import collate, recipe_datasets
+from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
+from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+from nemo_noise_plugin.jobs.reports.provenance import describe_report, run_title
 from nemo_noise_plugin.model.make_noisy import make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
-from nemo_noise_plugin.provenance import describe_report, run_title
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 REPORT_MULTIPLES = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
 """Noise levels the report sweeps, as multiples of the level the model was trained with (0: no noise)."""
@@ -438,7 +438,7 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
     without noise) beside its own. With ``report=None`` it only measures the end curve (``curves["after"]``), for a
     reference run. A run that stops before its last iteration writes no report. The JSON holds the run's
     ``provenance`` (``RunReport.describe`` of the run's config); without a ``title`` the figure's title is
-    ``provenance.run_title`` of it (``noise off`` for a run without noise).
+    ``jobs.reports.provenance.run_title`` of it (``noise off`` for a run without noise).
     """
 
     BATCHES = HELD_OUT_BATCHES

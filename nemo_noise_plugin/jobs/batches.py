@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = [
     "collate",

@@ -5,8 +5,13 @@ place where CUDA-only pieces are replaced, and only by an explicit ``install_cpu
 ``init_cpu_parallel``, which calls it); importing this package changes nothing.
 """
 
-from nemo_noise_plugin.cpu.parallel import causal_attention_mask, destroy_cpu_parallel, free_port, init_cpu_parallel
-from nemo_noise_plugin.cpu.substitutes import (
+from nemo_noise_plugin.jobs.cpu.parallel import (
+    causal_attention_mask,
+    destroy_cpu_parallel,
+    free_port,
+    init_cpu_parallel,
+)
+from nemo_noise_plugin.jobs.cpu.substitutes import (
     CPU_SUBSTITUTES,
     SCHEDULE_PLAN_SUBSTITUTES,
     install_cpu_substitutes,

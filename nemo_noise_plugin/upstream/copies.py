@@ -33,7 +33,7 @@ class UpstreamCopy:
 
 UPSTREAM_COPIES: tuple[UpstreamCopy, ...] = (
     UpstreamCopy(
-        ours="nemo_noise_plugin.schedule_plan.plan_mixin:PluginSchedulePlanMixin.build_schedule_plan",
+        ours="nemo_noise_plugin.schedule_plan.builder:PluginSchedulePlanMixin.build_schedule_plan",
         upstream="megatron.core.models.gpt.gpt_model:GPTModel.build_schedule_plan",
         change="builds NoisyModelChunkSchedulePlan (the plugin's nodes) instead of TransformerModelChunkSchedulePlan, "
         "rejects models other than GPTModel, and stores the noise layer's batch inputs in the plan's chunk state",

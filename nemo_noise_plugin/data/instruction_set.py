@@ -21,7 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from nemo_noise_plugin.bridge_imports import import_bridge
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = [
     "INSTRUCTION_SPLITS",

@@ -9,8 +9,11 @@ One function (``run_finetune``) behind both command lines: ``nemo llm finetune``
 overrides, both through Megatron-Bridge's override path with the plugin's NoiseConfig/KDConfig re-validated
 (``training.overrides.apply_overrides``). ``to_yaml`` writes the resolved config with Bridge's
 ``ConfigContainer.to_yaml`` (``-``: standard output) and launches nothing, like ``dryrun``; neither touches CUDA.
-Otherwise the run goes to ``training.launch`` with a progress line per step; recipes on the embedded corpus run as
-the main job does: Bridge's loop on a GPU, the CPU loop without one, and a robustness report in the run directory.
+Otherwise the run goes to the plain launcher (``jobs.launch.launcher.launch``) with a progress line per step and the
+report callbacks its recipe names (``Recipe.reports``, built by ``jobs.reports.callbacks``: the robustness report,
+and the task report for instruction data, in the run directory); a recipe on data shipped with the package
+(``Recipe.embedded_corpus``) runs on the CPU loop without a GPU. Clean pre-training and the control run are the
+main job's (``jobs.main_job``), not this flow's.
 
 Importing this module is cheap (no torch, no Bridge): ``nemo`` imports it when it builds its command groups.
 """
@@ -64,7 +67,7 @@ def unknown_factory(name: str, available: Sequence[str]) -> UnknownFactoryError:
 
 def build_config(recipe: Callable[[], Any], factory: str) -> Any:
     """Call the recipe and check that it returned a Megatron-Bridge ``ConfigContainer``."""
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     config = recipe()
     container = import_bridge("megatron.bridge.training.config").ConfigContainer
@@ -98,7 +101,7 @@ def _qualname(obj: Any) -> str:
 
 def describe(config: Any, factory: str, overrides: Sequence[str], config_file: str | None = None) -> str:
     """A few lines saying what a run of ``config`` would do: model, forward step, entry, sizes, noise and KD."""
-    from nemo_noise_plugin.training.launch import forward_step_for, training_entry_for
+    from nemo_noise_plugin.jobs.launch.launcher import forward_step_for, training_entry_for
 
     model, train = config.model, config.train
     parallel = ", ".join(
@@ -163,9 +166,9 @@ def run_finetune(
         to_yaml: write the resolved config to this path (``-``: standard output) and stop.
         confirm: asked after the description, before a real run; False stops (NeMo-Run's ``Continue?``).
         print_fn: where the description goes (rank 0 only under torchrun).
-        run_dir: a NeMo-Run job directory (set by ``training.executors``): a real run writes the resolved
-            ``config.yaml`` there (rank 0), the commands' Bridge log (``bridge.log``, ``training.bridge_console``) and,
-            for recipes on the embedded corpus, the robustness report. Default: the parent of ``checkpoint.save``.
+        run_dir: a NeMo-Run job directory (set by ``jobs.executors.task``): a real run writes the resolved
+            ``config.yaml`` there (rank 0), the commands' Bridge log (``bridge.log``, ``bridge_console``) and
+            the reports its recipe names (``Recipe.reports``). Default: the parent of ``checkpoint.save``.
 
     Returns the resolved ConfigContainer. A real run checks for a GPU before it builds anything.
     """
@@ -174,9 +177,10 @@ def run_finetune(
         raise FinetuneError(
             f"--to-yaml takes a file path ('-' for standard output), got {to_yaml!r}, which looks like an override."
         )
-    embedded_corpus = factory in RECIPES and RECIPES[factory].embedded_corpus
-    if not dryrun and to_yaml is None and not embedded_corpus:
-        from nemo_noise_plugin.training import launch as launching
+    registered = RECIPES.get(factory)
+    cpu_loop = registered is not None and registered.embedded_corpus  # trains on shipped data: fits the CPU loop
+    if not dryrun and to_yaml is None and not cpu_loop:
+        from nemo_noise_plugin.jobs.launch import launcher as launching
 
         launching.require_gpu()
     # With --to-yaml -, standard output carries only the YAML: Megatron's root log handler (INFO, bound to
@@ -200,18 +204,27 @@ def run_finetune(
         os.makedirs(run_dir, exist_ok=True)
         config.to_yaml(os.path.join(run_dir, "config.yaml"))
         print_fn(f"Resolved config written to {os.path.join(run_dir, 'config.yaml')}")
-    from nemo_noise_plugin.training.bridge_console import run_folder
-    from nemo_noise_plugin.training.launch import launch, launch_with_report
-    from nemo_noise_plugin.training.progress import ProgressLine
+    from nemo_noise_plugin.jobs.launch.bridge_console import run_folder
+    from nemo_noise_plugin.jobs.launch.launcher import launch
+    from nemo_noise_plugin.jobs.progress import ProgressLine
 
     folder = run_dir or _report_dir(config)
-    with run_folder(folder):  # where the commands' Bridge log goes (training.bridge_console)
-        if embedded_corpus:  # Bridge's loop on a GPU, else the CPU loop; the robustness report (no side runs here:
-            # the control and the clean pre-training are the main job's, ``nemo llm finetune`` trains what it is given)
-            launch_with_report(config, output_dir=folder, label=f"factory {factory}", control=False)
-        else:
-            launch(config, callbacks=[ProgressLine()])
+    with run_folder(folder):  # where the commands' Bridge log goes (jobs.launch.bridge_console)
+        # The plain launcher with the report callbacks the recipe names: no side runs here (the control and the clean
+        # pre-training are the main job's); Bridge's loop on a GPU, the CPU loop for a recipe on shipped data.
+        reports = _report_callbacks(registered.reports if registered else (), config, folder, factory)
+        launch(config, callbacks=[*reports, ProgressLine()], allow_cpu_loop=cpu_loop)
     return config
+
+
+def _report_callbacks(names: Sequence[str], config: Any, folder: str, factory: str) -> list[Any]:
+    """The report callbacks ``names`` (``Recipe.reports``) of a run writing into ``folder/reports/``."""
+    if not names:
+        return []
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.callbacks import report_callbacks
+
+    return report_callbacks(names, config, RunReport(folder, recipe=factory))
 
 
 def _report_dir(config: Any) -> str:

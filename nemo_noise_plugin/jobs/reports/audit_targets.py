@@ -1,4 +1,4 @@
-"""The privacy-audit report on a real model: its embedding table, held-out text, task loss and LM prior.
+"""The audit targets: the models ``nemo noise audit`` attacks (embedding table, held-out text, task loss, LM prior).
 
 ``privacy.audit`` attacks a table; this module supplies what needs a model: ``tiny_target`` (a randomly initialised
 tiny Megatron-Core GPT on the CPU, offline, with the held-out loss measured like ``robustness.robustness_curve``:
@@ -23,15 +23,15 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.corpus import CORPUS_VOCAB_SIZE, END_OF_DOCUMENT, corpus_documents, load_corpus_tokens
-from nemo_noise_plugin.evaluation import input_embedding_table
+from nemo_noise_plugin.data.corpus import CORPUS_VOCAB_SIZE, END_OF_DOCUMENT, corpus_documents, load_corpus_tokens
+from nemo_noise_plugin.jobs.reports.provenance import compact_provenance, file_sha256, plugin_version, run_provenance
+from nemo_noise_plugin.jobs.reports.robustness import held_out_batches, logits_of
+from nemo_noise_plugin.jobs.reports.task_report import input_embedding_table
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit import audit
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
 from nemo_noise_plugin.privacy.audit.sweep import TaskLoss, audit_sweep, format_sweep, write_sweep_report
-from nemo_noise_plugin.provenance import compact_provenance, file_sha256, plugin_version, run_provenance
-from nemo_noise_plugin.robustness import held_out_batches, logits_of
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = [
     "AUDIT_CHATS",
@@ -205,7 +205,7 @@ class TrainedRun:
     """A training run folder as ``nemo noise audit run=`` audits it: its HF export and its noise as trained.
 
     Read by ``read_run_folder`` from the folder a SmolLM2 recipe or the main job trains into (``<dir>/<recipe>``):
-    ``reports/latest/hf`` (``evaluation.TaskReport``'s export), the noise config from ``reports/latest/
+    ``reports/latest/hf`` (``task_report.TaskReport``'s export), the noise config from ``reports/latest/
     task_report.json`` (its ``run``) or else from the newest Bridge checkpoint's ``checkpoints/iter_*/
     run_config.yaml``, and the run's data (``data/training.jsonl``, ``data/validation.jsonl``).
     """
@@ -312,7 +312,7 @@ def _tiny_gpt(seed: int) -> torch.nn.Module:
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from nemo_noise_plugin.cpu import init_cpu_parallel
+    from nemo_noise_plugin.jobs.cpu import init_cpu_parallel
     from nemo_noise_plugin.recipes.tiny import CUDA_FREE_SETTINGS
 
     init_cpu_parallel(seed=seed)
@@ -330,7 +330,7 @@ def _tiny_gpt(seed: int) -> torch.nn.Module:
 
 
 def _megatron_batch(tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    from nemo_noise_plugin.cpu import causal_attention_mask
+    from nemo_noise_plugin.jobs.cpu import causal_attention_mask
 
     positions = torch.arange(tokens.size(1)).unsqueeze(0).expand_as(tokens)
     return {"tokens": tokens, "position_ids": positions, "attention_mask": causal_attention_mask(tokens.size(1))}
@@ -458,7 +458,7 @@ def _task_exact_match(
 ) -> TaskLoss:
     """Held-out exact match of transformers' ``model`` with the noise on its input embeddings: an answer counts when
     the argmax at every answer position (teacher-forced) is the reference token, i.e. greedy decoding reproduces
-    the answer and then ends the turn (as ``evaluation.exact_match`` computes it for Megatron models)."""
+    the answer and then ends the turn (as ``task_report.exact_match`` computes it for Megatron models)."""
     from nemo_noise_plugin.privacy.audit import noised_embeddings
 
     sequences, spans = _answer_spans(tokenizer, held_out)
@@ -502,7 +502,7 @@ def smollm2_target(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_noise_plugin.pretrained import ensure_smollm2_hf
+    from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
     from nemo_noise_plugin.privacy.audit import noised_embeddings
 
     check_audit_data(data, "smollm2")
@@ -692,7 +692,7 @@ def run_audit_report(
         )
     finally:
         if model == "tiny":
-            from nemo_noise_plugin.cpu import destroy_cpu_parallel
+            from nemo_noise_plugin.jobs.cpu import destroy_cpu_parallel
 
             destroy_cpu_parallel()
     print(format_sweep(report))

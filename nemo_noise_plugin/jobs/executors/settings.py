@@ -20,7 +20,7 @@ from typing import Any
 import nemo_run as run
 from nemo_run.core.execution.launcher import Torchrun
 
-from nemo_noise_plugin.training.finetune import FinetuneError
+from nemo_noise_plugin.jobs.launch.finetune import FinetuneError
 
 __all__ = [
     "DEFAULT_ENV_VARS",
@@ -175,7 +175,7 @@ def _check_counts(executor: Any) -> None:
 
 
 def _check_local(executor: Any, cpu_loop: bool, gpus_here: int | None) -> None:
-    from nemo_noise_plugin.training.launch import GPU_REQUIRED_MESSAGE
+    from nemo_noise_plugin.jobs.launch.launcher import GPU_REQUIRED_MESSAGE
 
     tasks = executor.ntasks_per_node
     if executor.nodes != 1:

@@ -1,7 +1,7 @@
 """Launching the finetune flow through NeMo-Run executors: the task, its job directory, the launch and dry run.
 
 ``nemo llm finetune ... executor=NAME executor.KEY=VALUE`` (``cli.nemo_llm``; the executors and their checks are in
-``training.executor_settings``) resolves the recipe and its overrides here on the launching side where it can (bad
+``jobs.executors.settings``) resolves the recipe and its overrides here on the launching side where it can (bad
 overrides and executor settings that cannot work are errors before anything starts), builds the task as a
 ``run.Partial`` of the command's own entry point (factory name, overrides, YAML file: the worker resolves the same
 config), and runs it in a NeMo-Run ``Experiment`` with that executor. ``RunDirectory`` points the task at its job
@@ -26,8 +26,8 @@ from typing import Any
 import nemo_run as run
 from nemo_run.config import RUNDIR_NAME
 
-from nemo_noise_plugin.training.executor_settings import check_executor
-from nemo_noise_plugin.training.finetune import FinetuneError, apply_overrides, build_config
+from nemo_noise_plugin.jobs.executors.settings import check_executor
+from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, apply_overrides, build_config
 
 __all__ = [
     "RunDirectory",
@@ -280,8 +280,8 @@ def launch_finetune(
     launching side. Everything that can be checked here is checked before anything starts; a dry run skips only the
     checks against this machine's GPUs. Returns the NeMo-Run job (None when ``confirm`` declines).
     """
+    from nemo_noise_plugin.jobs.launch.finetune import describe
     from nemo_noise_plugin.recipes import RECIPES
-    from nemo_noise_plugin.training.finetune import describe
 
     if config_file is not None and not os.path.isfile(config_file):
         raise FinetuneError(f"--config-file {config_file!r} is not a file.")

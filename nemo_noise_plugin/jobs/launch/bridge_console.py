@@ -14,7 +14,7 @@ to the console (a pipe and a copying thread, in order).
 Only the plugin's commands turn this on, and ``launch`` wraps its call into Bridge in ``bridge_output``: the main
 job and ``python -m nemo_noise_plugin.cli.finetune`` run inside ``bridge_log``; the ``nemo`` program and the tasks
 it launches call ``log_bridge_output`` (``cli.console.quiet_for_nemo_command``); the main job and
-``training.finetune.run_finetune`` name the run folder (``run_folder``). A Python caller of ``launch`` keeps
+``jobs.launch.finetune.run_finetune`` name the run folder (``run_folder``). A Python caller of ``launch`` keeps
 Bridge's console as Bridge leaves it, and the CPU loop is never redirected. Under torchrun every rank writes its own
 file: ``bridge.log`` for rank 0 (Bridge's configuration summary), ``bridge.rank<N>.log`` for rank N (the last rank
 holds Bridge's per-step lines, as Bridge prints them there); rank 0 says in one line where the log is.
@@ -189,7 +189,7 @@ def on_console(callbacks: Sequence[Any]) -> Any:
     ``stdout_to_file`` is active (a Bridge ``CallbackManager``); otherwise the list as given."""
     if _console is None:
         return list(callbacks)
-    from nemo_noise_plugin.bridge_imports import import_bridge
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     bridge = import_bridge("megatron.bridge.training.callbacks")
     manager = bridge.CallbackManager()

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from megatron.core.utils import unwrap_model
 
-from nemo_noise_plugin.bridge_imports import import_bridge
 from nemo_noise_plugin.distillation.teacher_weights import load_weights, settle_teacher_from
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = ["CaptureWeights", "StartFromWeights"]
 

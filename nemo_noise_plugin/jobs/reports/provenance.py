@@ -148,7 +148,7 @@ def run_provenance(config: Any, recipe_name: str | None = None) -> dict[str, Any
     ``global_batch_size``, ``seeds`` (``rng``: ``rng.seed``, ``noise``: the noise's seed, ``dataset``: the dataset's
     seed), ``data_files`` (``data_files``), ``config_sha256`` and ``config`` (``config_dict``). Example::
 
-        from nemo_noise_plugin.provenance import run_provenance, run_title
+        from nemo_noise_plugin.jobs.reports.provenance import run_provenance, run_title
         from nemo_noise_plugin.recipes import tiny_noise_sft_config
 
         provenance = run_provenance(tiny_noise_sft_config(dir="runs"), "tiny_noise_sft")

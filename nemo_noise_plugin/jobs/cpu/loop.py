@@ -4,7 +4,7 @@ Bridge's training loop needs CUDA. Without a GPU, this loop drives the recipe's 
 its datasets through Bridge's GPT data pipeline, the plugin's Bridge forward step and loss, and Bridge callbacks
 (fired with Bridge's ``CallbackContext`` at the same events, so the progress line and the robustness report are the
 same objects as on a GPU). It says what differs: float32 instead of bf16, torch's AdamW instead of Megatron's
-optimizer, and Megatron's CUDA-only pieces replaced by the substitutes in ``nemo_noise_plugin.cpu`` (listed at
+optimizer, and Megatron's CUDA-only pieces replaced by the substitutes in ``nemo_noise_plugin.jobs.cpu`` (listed at
 start).
 """
 
@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-from nemo_noise_plugin.batches import collate, recipe_datasets, setup_tokenizer
-from nemo_noise_plugin.bridge_imports import import_bridge
-from nemo_noise_plugin.cpu import CPU_SUBSTITUTES, causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
+from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, setup_tokenizer
+from nemo_noise_plugin.jobs.cpu import CPU_SUBSTITUTES, causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
+from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint, run_fingerprint
+from nemo_noise_plugin.jobs.progress import NonFiniteLossError
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.training.cpu_checkpoint import CpuCheckpoint, run_fingerprint
-from nemo_noise_plugin.training.progress import NonFiniteLossError
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 __all__ = ["CPU_LOOP_NOTICE", "build_optimizer", "run_cpu_loop"]
 
@@ -46,7 +46,7 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     ``callbacks`` (Bridge ``Callback`` objects) see ``on_train_start``, ``on_train_step_start``/``_end`` (with the
     step's ``loss_dict``) and ``on_train_end``.
 
-    Checkpoints as Bridge's loop keeps them, in the loop's own format (``training.cpu_checkpoint``): saved into
+    Checkpoints as Bridge's loop keeps them, in the loop's own format (``jobs.cpu.checkpoint``): saved into
     ``checkpoint.save`` every ``checkpoint.save_interval`` iterations, at ``train.exit_interval`` (where the run then
     stops, without ``on_train_end``, as Bridge's does) and at the end; a run whose settings match a checkpoint in
     ``checkpoint.load`` resumes from it, with the same noise and batches as an uninterrupted run.

@@ -1,7 +1,7 @@
 """Megatron's parallel state on gloo CPU process groups, for the CPU main job and the tests.
 
 Everything here is the real Megatron-Core (``parallel_state``, its RNG seeding); only the substitutes in
-``cpu.substitutes`` stand in for CUDA-only pieces, installed by ``init_cpu_parallel``.
+``jobs.cpu.substitutes`` stand in for CUDA-only pieces, installed by ``init_cpu_parallel``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import socket
 import torch
 import torch.distributed as dist
 
-from nemo_noise_plugin.cpu.substitutes import install_cpu_substitutes
+from nemo_noise_plugin.jobs.cpu.substitutes import install_cpu_substitutes
 
 __all__ = ["causal_attention_mask", "destroy_cpu_parallel", "free_port", "init_cpu_parallel"]
 

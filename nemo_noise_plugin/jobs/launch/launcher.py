@@ -1,0 +1,192 @@
+"""Run a Megatron-Bridge ``ConfigContainer`` with the plugin's forward step: Bridge's training loop, or the CPU loop.
+
+The launcher behind ``nemo llm finetune`` and the main job (``jobs.main_job``), and usable from Python::
+
+    from nemo_noise_plugin.jobs.launch.launcher import launch
+    from nemo_noise_plugin.recipes import tiny_noise_sft_config
+
+    if __name__ == "__main__":  # Bridge's checkpoint-save workers re-import the launching script
+        launch(tiny_noise_sft_config(), ["train.train_iters=100", "model.noise.alpha=10"])
+
+It decides three things from the config, so a recipe only has to return one:
+
+- the overrides: Megatron-Bridge's Hydra path with the plugin's settings re-validated
+  (``training.overrides.apply_overrides``): ``key=value`` sets a field, ``+key=value`` adds a key (inside
+  dict-valued fields such as ``env_vars``), ``~key`` deletes one (a dataclass field goes back to its default);
+- the forward step: ``distillation_forward_step`` for a ``NoisyDistillationProvider``, else ``noise_forward_step``;
+- the entry: Bridge's ``finetune`` when ``checkpoint.pretrained_checkpoint`` names weights to start from, else
+  ``pretrain`` (the tiny recipes train from scratch on the embedded corpus; both resume from ``checkpoint.load``).
+
+Bridge's loop needs a GPU. Without one, ``launch`` runs the CPU loop when the caller allows it (recipes on the
+embedded corpus), else raises ``GPUUnavailableError`` before it imports Bridge or writes anything.
+
+Before either loop starts, ``check_run_settings`` turns the mistakes that Megatron would find only after start-up
+(or, for the checkpoint folder, after training) into one ``ValueError`` naming the setting: a ``checkpoint.save``
+that cannot be written, a micro batch that does not divide the global batch, a sequence length that differs from the
+dataset's. A dataset path with spaces (a run folder such as ``/tmp/my runs``) is kept whole: Bridge splits a
+``data_path`` string at whitespace into several datasets. ``saved_checkpoints`` says which checkpoints this process's
+runs have on disk (what an interrupt leaves).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge, use_prebuilt_dataset_helpers
+
+__all__ = [
+    "GPU_REQUIRED_MESSAGE",
+    "GPUUnavailableError",
+    "check_run_settings",
+    "forward_step_for",
+    "launch",
+    "require_gpu",
+    "saved_checkpoints",
+    "training_entry_for",
+]
+
+GPU_REQUIRED_MESSAGE = (
+    "Bridge's training loop needs a GPU; use --dryrun/--to-yaml, or `python -m nemo_noise_plugin` for the CPU main job"
+)
+
+
+class GPUUnavailableError(RuntimeError):
+    """Raised by ``launch`` on a machine where CUDA is not available, before anything else happens."""
+
+
+def cuda_available() -> bool:
+    """Whether a CUDA device is available (the only CUDA call made before Bridge or the CPU loop starts)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def require_gpu() -> None:
+    """Raise ``GPUUnavailableError`` unless CUDA is available."""
+    if not cuda_available():
+        raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
+
+
+_BRIDGE_SAVE_FOLDERS: list[Path] = []
+"""``checkpoint.save`` of the runs this process started in Bridge's loop (``saved_checkpoints`` looks there)."""
+
+
+def saved_checkpoints() -> list[str]:
+    """The checkpoints of this process's runs that exist on disk now: CPU-loop state files, Bridge's folders."""
+    from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint
+
+    found = [str(path) for path in CpuCheckpoint.on_disk()]
+    for folder in _BRIDGE_SAVE_FOLDERS:
+        tracker = folder / "latest_checkpointed_iteration.txt"  # Bridge writes it after a complete save
+        if tracker.is_file():
+            found.append(f"{folder} (iteration {tracker.read_text().strip()})")
+    return found
+
+
+def check_run_settings(config: Any) -> None:
+    """Check what Megatron would find only after start-up; ``ValueError`` naming the setting, the value and what is
+    allowed. Creates ``checkpoint.save`` (checked writable) and keeps a dataset path with spaces whole."""
+
+    from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
+
+    if config.checkpoint.save:
+        check_output_dir(config.checkpoint.save, "checkpoint.save")
+    train, model = config.train, config.model
+    parallel = 1
+    for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        parallel *= getattr(model, name, 1) or 1
+    data_parallel = max(1, int(os.environ.get("WORLD_SIZE", "1")) // parallel)
+    micro, global_batch = train.micro_batch_size, train.global_batch_size
+    if not _positive_int(micro):
+        raise ValueError(f"train.micro_batch_size={micro!r} is invalid: expected an integer >= 1.")
+    if global_batch is not None:
+        if not _positive_int(global_batch):
+            raise ValueError(f"train.global_batch_size={global_batch!r} is invalid: expected an integer >= 1.")
+        if global_batch % (micro * data_parallel):
+            per_rank = global_batch // data_parallel if global_batch % data_parallel == 0 else None
+            allowed = [n for n in range(1, per_rank + 1) if per_rank % n == 0] if per_rank else []
+            raise ValueError(
+                f"train.micro_batch_size={micro} is invalid with train.global_batch_size={global_batch} and "
+                f"{data_parallel} data-parallel rank(s): the global batch must be a multiple of micro batch x ranks; "
+                f"expected one of {', '.join(map(str, allowed)) or 'none: change train.global_batch_size'}."
+            )
+    seq_length = getattr(model, "seq_length", None)
+    if seq_length is not None and not _positive_int(seq_length):
+        raise ValueError(f"model.seq_length={seq_length!r} is invalid: expected an integer >= 1.")
+    dataset = config.dataset
+    data_length = getattr(dataset, "seq_length", None)
+    if seq_length is not None and data_length is not None and seq_length != data_length:
+        raise ValueError(
+            f"model.seq_length={seq_length} is invalid: expected dataset.seq_length={data_length} (the model and its "
+            f"data must agree; set both, e.g. model.seq_length={data_length} or also dataset.seq_length={seq_length})."
+        )
+    path = getattr(dataset, "data_path", None)
+    if isinstance(path, str) and len(path.split()) > 1 and os.path.isfile(path + ".idx"):  # one dataset, not several
+        dataset.data_path = [path]
+        if getattr(dataset, "blend", None) == (path.split(), None):
+            dataset.blend = None
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def forward_step_for(config: Any) -> Callable:
+    """The plugin's forward step for ``config.model``: distillation for a ``NoisyDistillationProvider``, else noise."""
+    from nemo_noise_plugin.providers import NoisyDistillationProvider
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
+
+    return distillation_forward_step if isinstance(config.model, NoisyDistillationProvider) else noise_forward_step
+
+
+def training_entry_for(config: Any) -> Callable:
+    """Bridge's ``finetune`` when ``checkpoint.pretrained_checkpoint`` is set, else ``pretrain``."""
+    if config.checkpoint.pretrained_checkpoint is not None:
+        return import_bridge("megatron.bridge.training.finetune").finetune
+    return import_bridge("megatron.bridge.training.pretrain").pretrain
+
+
+def launch(
+    config: Any,
+    overrides: Sequence[str] = (),
+    *,
+    forward_step: Callable | None = None,
+    callbacks: Sequence[Any] | None = None,
+    allow_cpu_loop: bool = False,
+) -> None:
+    """Train ``config`` (after ``overrides``) with the plugin's forward step and Bridge ``callbacks``.
+
+    With a GPU: Bridge's real loop (``training_entry_for(config)``), after letting Bridge use megatron-core's prebuilt
+    dataset helper (``use_prebuilt_dataset_helpers``); under ``torchrun`` every rank calls this. Without one: the CPU
+    loop (``jobs.cpu.loop``) when ``allow_cpu_loop``, else ``GPUUnavailableError`` before anything else happens.
+    ``forward_step`` defaults to ``forward_step_for(config)``. The plugin's settings are validated again first
+    (``validate_plugin_settings``: whatever set them), and ``FiniteLossGuard`` stops a run whose loss is not finite.
+    Under the plugin's commands Bridge's console output goes to the run folder's ``bridge.log``
+    (``jobs.launch.bridge_console.bridge_output``), the callbacks' lines to the console.
+    """
+    from nemo_noise_plugin.jobs.progress import FiniteLossGuard
+    from nemo_noise_plugin.training.overrides import apply_overrides, validate_plugin_settings
+
+    on_gpu = cuda_available()
+    if not on_gpu and not allow_cpu_loop:
+        raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
+    config = apply_overrides(config, list(overrides))
+    validate_plugin_settings(config)
+    check_run_settings(config)
+    step = forward_step or forward_step_for(config)
+    callbacks = [*(callbacks or []), FiniteLossGuard()]
+    if not on_gpu:
+        from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
+
+        run_cpu_loop(config, step, callbacks)
+        return
+    from nemo_noise_plugin.jobs.launch.bridge_console import bridge_output, on_console
+
+    use_prebuilt_dataset_helpers()
+    if config.checkpoint.save:
+        _BRIDGE_SAVE_FOLDERS.append(Path(config.checkpoint.save))
+    with bridge_output(config):  # the plugin's commands: Bridge's console output to the run folder's bridge.log
+        training_entry_for(config)(config, step, callbacks=on_console(callbacks))

@@ -1,0 +1,106 @@
+"""The import floors: two wings, imports pointing down only, no cycles, no floor too wide (check_import_floors.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+import textwrap
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_import_floors", REPO / "scripts" / "check_import_floors.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _package(root: pathlib.Path, files: dict[str, str]) -> None:
+    for relative, source in files.items():
+        path = root / "nemo_noise_plugin" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+
+
+def test_the_package_keeps_its_floors_its_wings_and_its_widths():
+    checker = _checker()
+    report = checker.check(REPO)
+    assert len(report.modules) > 40
+    assert (report.cycles, report.upward, report.across_wings, report.unplaced) == ([], [], [], [])
+    assert len(report.root_modules) <= checker.MAX_ROOT_MODULES
+    assert report.widest_floor[1] <= checker.MAX_FLOOR_WIDTH
+    assert not report.failed
+
+
+def test_the_checker_finds_a_lazy_upward_import_and_a_cycle(tmp_path):
+    _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "utils.py": "def helper():\n    from nemo_noise_plugin.jobs.launch import launcher\n",
+            "jobs/__init__.py": "",
+            "jobs/launch/__init__.py": "",
+            "jobs/launch/launcher.py": "from nemo_noise_plugin.jobs.launch.finetune import run\n",
+            "jobs/launch/finetune.py": "from nemo_noise_plugin.jobs.launch import launcher\nrun = 1\n",
+        },
+    )
+    report = _checker().check(tmp_path)
+    assert report.upward == [("nemo_noise_plugin.utils", "nemo_noise_plugin.jobs.launch.launcher")]
+    assert report.cycles == [["nemo_noise_plugin.jobs.launch.finetune", "nemo_noise_plugin.jobs.launch.launcher"]]
+
+
+def test_a_library_module_importing_the_jobs_wing_or_the_command_line_fails_the_check(tmp_path):
+    _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "recipes/__init__.py": "from nemo_noise_plugin.jobs.reports import robustness\n",
+            "providers.py": "def build():\n    import nemo_noise_plugin.cli.console\n",
+            "jobs/__init__.py": "",
+            "jobs/reports/__init__.py": "",
+            "jobs/reports/robustness.py": "from nemo_noise_plugin import providers\n",  # jobs -> library: allowed
+            "cli/__init__.py": "",
+            "cli/console.py": "",
+        },
+    )
+    checker = _checker()
+    report = checker.check(tmp_path)
+    assert report.across_wings == [
+        ("nemo_noise_plugin.providers", "nemo_noise_plugin.cli.console"),
+        ("nemo_noise_plugin.recipes", "nemo_noise_plugin.jobs.reports.robustness"),
+    ]
+    assert report.failed
+    assert checker.main(["--root", str(tmp_path)]) == 1
+
+
+def test_the_checker_resolves_relative_imports_and_flags_modules_on_no_floor(tmp_path):
+    _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "noise/__init__.py": "from .layer import Layer\n",
+            "noise/layer.py": "from ..model import gpt\nLayer = 1\n",
+            "model/__init__.py": "",
+            "model/gpt.py": "",
+            "attic/__init__.py": "",
+        },
+    )
+    report = _checker().check(tmp_path)
+    assert report.upward == [("nemo_noise_plugin.noise.layer", "nemo_noise_plugin.model.gpt")]
+    assert report.unplaced == ["nemo_noise_plugin.attic"]
+    assert report.cycles == []
+
+
+def test_a_root_of_six_modules_and_a_floor_of_nine_fail_the_check(tmp_path):
+    root_modules = {f"{name}.py": "" for name in ("providers", "utils", "validation", "yaml_files", "extra1", "extra2")}
+    model_modules = {f"model/m{index}.py": "" for index in range(8)}
+    _package(tmp_path, {"__init__.py": "", "__main__.py": "", **root_modules, "model/__init__.py": "", **model_modules})
+    checker = _checker()
+    report = checker.check(tmp_path)
+    assert len(report.root_modules) == 6  # __init__ and __main__ do not count
+    assert report.too_wide == [("model", 9)]
+    assert report.widest_floor == ("model", 9)
+    assert report.failed
