@@ -10,7 +10,8 @@ synchronisation around each step.
 - ``noise``: ``NoisyGPTModelProvider`` + ``noise_forward_step`` (NEFTune, no teacher);
 - ``noise_kd``: ``NoisyDistillationProvider`` + ``distillation_forward_step`` (CE + forward KL to the clean copy);
 - ``modelopt``: Bridge's ``DistillationProvider`` (ModelOpt) with the same noisy student and a teacher holding the
-  same weights, ``forward_step_modelopt``, CE kept (``skip_lm_loss=False``) and logits KL;
+  same weights, ``forward_step_modelopt``, CE kept (``skip_lm_loss=False``) + logits KL at a fixed weight 1 (noise_kd's
+  objective; ModelOpt's default balancer does not train here: ``modelopt_provider`` says why);
 - ``teacher_forward``: one step's worth of no-grad forwards (every microbatch) of the plain model: the floor that
   any separate teacher adds to a step, against which ``noise_kd`` is read.
 
@@ -18,6 +19,10 @@ Peak memory in the interleaved run is each mode's resident memory (allocated aft
 setup) plus the largest transient peak of its slots: an upper bound (on the H200 it counted about 3.2 GiB more than
 a fresh process of the mode reaches). ``--fresh-process-memory`` measures the exact peak of each mode alone in a
 fresh process (``torch.cuda.max_memory_allocated``); the published memory ratios come from it.
+
+A baseline must train before its speed is compared: after the interleaved run every trained mode's ``lm loss`` must
+fall (mean of its last ``--loss-window`` steps at most ``1 - --min-loss-drop`` times the mean of its first); if one
+does not, a ``FAILED`` line names it, no ratio is printed and the exit status is 1.
 
     python benchmarks/distillation_step.py [--repeats 7] [--steps 8] [--discard 2] [--json results.json]
         [--profile profile.txt]
@@ -79,6 +84,29 @@ def _model_and_step(mode: str):
         return NoisyGPTModelProvider(**settings, noise=noise), noise_forward_step
     if mode == "noise_kd":
         return NoisyDistillationProvider(**settings, noise=noise, kd=KDConfig()), distillation_forward_step
+    return modelopt_provider(settings), gpt_step.forward_step_modelopt
+
+
+def modelopt_provider(settings: dict, kd_weight: float | None = 1.0):
+    """Bridge's ``DistillationProvider`` (ModelOpt): the noisy student, a teacher holding its start weights, logits KL.
+
+    The loss is ``CE + kd_weight * KL(teacher || student)`` at T = 1, summed over the loss mask like Bridge's CE:
+    noise_kd's objective (``KDConfig()``), so both modes train the same loss and their step times compare like for
+    like. ModelOpt's default balancer is *not* used (issue 26): with ``skip_lm_loss=False`` its
+    ``LogitsAndIntermediatesLossBalancer`` rescales the KD term of every microbatch to the CE's size
+    (``kd *= CE.detach() / kd.detach()``), so the KL's gradient is multiplied by CE / KL. A balance made for a
+    trained teacher; here the teacher starts as the student's own weights and the KL is only the noise's effect
+    (about 1/400 of the CE on the tiny CPU model of ``tests/test_distillation_step_modelopt.py``), so the KL's
+    gradient outweighed the CE's by that factor: the grad norm grew (612 -> 1830 on the H200) and the lm loss did
+    not fall (10.79 -> 10.74) while every other mode fell to about 4.0. The fixed weight below trains like the
+    other modes (and drops the two host syncs per microbatch of that balancer's ``if kd_loss > 0 and
+    original_loss > 0``). ``kd_weight=None`` builds the old configuration (ModelOpt's default balancer), for the
+    test that shows it does not train.
+    """
+    from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.providers import GPTModelProvider, NoisyGPTModelProvider
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+
     distillation_provider = import_bridge("megatron.bridge.models.distillation_provider")
     distillation = import_bridge("megatron.bridge.training.post_training.distillation")
     # Bridge's forward_step_modelopt does not hand the loss mask to the model, so the student's noise is scaled by
@@ -89,10 +117,29 @@ def _model_and_step(mode: str):
     student.register_pre_wrap_hook(lambda chunks: (students.append(chunks), chunks)[1])
     teacher.register_pre_wrap_hook(lambda chunks: _copy_weights(students[-1], chunks))  # same weights as ours
     config = distillation.ModelOptDistillConfig(
-        logit_layers=("output_layer", "output_layer"), skip_lm_loss=False, kd_loss_scale=1.0, logit_kl_temperature=1.0
+        logit_layers=("output_layer", "output_layer"),
+        skip_lm_loss=False,
+        logit_kl_temperature=1.0,
+        loss_balancer=None if kd_weight is None else fixed_weight_balancer(kd_weight),
     )
-    model = distillation_provider.convert_to_distillation_provider(student, teacher, config)
-    return model, gpt_step.forward_step_modelopt
+    return distillation_provider.convert_to_distillation_provider(student, teacher, config)
+
+
+def fixed_weight_balancer(kd_weight: float):
+    """A ModelOpt loss balancer returning ``CE + kd_weight * logits KL`` (no per-microbatch rescaling)."""
+    import modelopt.torch.distill as mtd
+    import torch
+
+    class FixedWeightBalancer(mtd.DistillationLossBalancer):
+        def forward(self, loss_dict: dict) -> dict:
+            ce = loss_dict.pop(mtd.loss_balancers.STUDENT_LOSS_KEY)
+            if len(loss_dict) != 1:
+                raise ValueError(f"expected the logits loss alone, got {sorted(loss_dict)}")
+            (logits_loss,) = loss_dict.values()
+            total = ce + kd_weight * logits_loss
+            return {"kd_loss": total, "logits_loss": logits_loss, "intermediate_loss": torch.zeros_like(logits_loss)}
+
+    return FixedWeightBalancer()
 
 
 def _copy_weights(source_chunks, target_chunks):
@@ -300,23 +347,40 @@ def fresh_process_peak(mode: str, steps: int) -> dict:
     """This mode alone in this process: set up, ``steps`` steps, and the process's peak allocated memory."""
     import torch
 
-    BridgeRun(mode, steps + 10).steps(steps)
-    return {"mode": mode, "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    run = BridgeRun(mode, steps + 10)
+    run.steps(steps)
+    return {"mode": mode, "peak_gib": torch.cuda.max_memory_allocated() / 2**30, "lm_loss": list(run.losses)}
 
 
-def fresh_process_peaks(modes: list[str], steps: int) -> dict[str, float]:
-    """Each mode's peak in a process of its own (a check of the in-process resident + transient accounting)."""
+def fresh_process_peaks(modes: list[str], steps: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each mode's peak in a process of its own (a check of the in-process resident + transient accounting), and the
+    lm loss of its steps there."""
     import subprocess
 
-    peaks = {}
+    peaks, losses = {}, {}
     for mode in modes:
         command = [sys.executable, __file__, "--peak-of", mode, "--warm-steps", str(steps)]
         completed = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in completed.stdout.splitlines() if line.startswith("PEAK ")]
         if completed.returncode != 0 or not lines:
             raise RuntimeError(f"mode {mode} failed (exit {completed.returncode}):\n{completed.stderr[-4000:]}")
-        peaks[mode] = json.loads(lines[-1][len("PEAK ") :])["peak_gib"]
-    return peaks
+        record = json.loads(lines[-1][len("PEAK ") :])
+        peaks[mode], losses[mode] = record["peak_gib"], record["lm_loss"]
+    return peaks, losses
+
+
+def loss_checks(losses: dict[str, list[float]], window: int = 5, min_drop: float = 0.1) -> dict[str, dict]:
+    """Whether each mode trained: the mean lm loss of its last ``window`` steps is at most ``1 - min_drop`` times that
+    of its first ``window`` steps (finite, and with at least ``2 * window`` steps recorded)."""
+    import math
+
+    checks = {}
+    for mode, values in losses.items():
+        first = sum(values[:window]) / window if len(values) >= 2 * window else math.nan
+        last = sum(values[-window:]) / window if len(values) >= 2 * window else math.nan
+        trains = math.isfinite(first) and math.isfinite(last) and last <= (1 - min_drop) * first
+        checks[mode] = {"steps": len(values), "first_mean": first, "last_mean": last, "trains": trains}
+    return checks
 
 
 def main() -> None:
@@ -326,6 +390,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="steps per mode per repeat")
     parser.add_argument("--discard", type=int, default=2, help="steps dropped at the start of each slot")
     parser.add_argument("--warm-steps", type=int, default=3, help="steps run right after each mode's setup")
+    parser.add_argument("--loss-window", type=int, default=5, help="steps averaged at each end for the loss check")
+    parser.add_argument(
+        "--min-loss-drop", type=float, default=0.1, help="least relative fall of each trained mode's lm loss"
+    )
     parser.add_argument("--json", help="write every repeat's step times and the summaries here")
     parser.add_argument(
         "--fresh-process-memory", help="comma-separated modes: only measure each one's peak memory in its own process"
@@ -351,16 +419,19 @@ def main() -> None:
         print("PEAK " + json.dumps(fresh_process_peak(args.peak_of, args.warm_steps)), flush=True)
         return
     if args.fresh_process_memory:
-        peaks = fresh_process_peaks(args.fresh_process_memory.split(","), args.warm_steps)
+        peaks, losses = fresh_process_peaks(args.fresh_process_memory.split(","), args.warm_steps)
         base_peak = next(iter(peaks.values()))
-        print(f"peak memory, each mode in a fresh process after {args.warm_steps} steps:")
+        print(f"peak memory, each mode in a fresh process after {args.warm_steps} steps (lm loss of those steps):")
         for mode, peak in peaks.items():
-            print(f"{mode:<16}{peak:>9.2f} GiB{peak / base_peak:>9.3f}x")
+            trace = " ".join(f"{loss:.2f}" for loss in losses[mode])
+            print(f"{mode:<16}{peak:>9.2f} GiB{peak / base_peak:>9.3f}x  lm loss {trace}")
         if {"noise_kd", "modelopt"} <= set(peaks):
             print(f"noise_kd / modelopt peak memory: {peaks['noise_kd'] / peaks['modelopt']:.3f}x (target <= 0.85x)")
         if args.json:
             with open(args.json, "w") as handle:
-                json.dump({"fresh_process_peak_gib": peaks, "settings": vars(args)}, handle, indent=2)
+                json.dump(
+                    {"fresh_process_peak_gib": peaks, "lm_loss": losses, "settings": vars(args)}, handle, indent=2
+                )
         return
     total = args.warm_steps + args.repeats * args.steps + 10
     runners, resident = build_modes(modes, total, args.warm_steps)
@@ -369,6 +440,22 @@ def main() -> None:
     )
     base = modes[0]
     results: dict = {"modes": {}, "settings": vars(args) | {"model": MODEL, "seq": SEQ, "global_batch": GLOBAL_BATCH}}
+    losses = {mode: list(runners[mode].runner.losses) for mode in modes if mode != "teacher_forward"}
+    checks = loss_checks(losses, args.loss_window, args.min_loss_drop)
+    results["lm_loss"], results["loss_check"] = losses, checks
+    print(f"\nlm loss, mean of the first -> last {args.loss_window} of each trained mode's steps:")
+    for mode, check in checks.items():
+        verdict = "trains" if check["trains"] else "FAILED"
+        print(f"  {mode:<16}{check['first_mean']:.4f} -> {check['last_mean']:.4f}  {verdict}")
+    if failed := [mode for mode, check in checks.items() if not check["trains"]]:
+        print(
+            f"FAILED: {', '.join(failed)} did not train (lm loss fell less than {args.min_loss_drop:.0%} from its "
+            f"first {args.loss_window} steps to its last): no ratio is compared against a mode that does not train"
+        )
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(results, handle, indent=2)
+        sys.exit(1)
     print(
         f"\n{torch.cuda.get_device_name()}; GPT {MODEL}, seq {SEQ}, micro-batch {MICRO_BATCH}, global batch "
         f"{GLOBAL_BATCH}, bf16, Bridge setup + train loop in one process; {args.repeats} interleaved repeats x "
