@@ -209,9 +209,56 @@ def plot_frontier(results: dict[str, dict[int, dict[str, Any]]], path: str) -> b
     return True
 
 
+BOUND_FILE = "prompt_recovery_bound_nn.json"
+"""``benchmarks/prompt_recovery_bound.py``'s nearest-neighbour results, when the grid's folder holds them."""
+
+
+def projection_estimates(results: dict[str, dict[int, dict[str, Any]]], bound: dict[str, Any]) -> list[dict]:
+    """Per level: the exact match a decode-then-answer pipeline would reach (project every noised prompt embedding
+    to its nearest table row, then answer with the clean fine-tuned model): per task, the fraction of chats whose
+    whole user question the projection recovers times the plain models' clean exact match on that task (mean
+    over seeds), averaged over the tasks (the bound's 440 test chats hold 40 per task). An estimate: it assumes
+    the clean model answers a recovered question as often as any question of its task."""
+    plain = results.get("plain", {})
+    if not plain:
+        return []
+    tasks = sorted(next(iter(plain.values()))["clean"]["test"]["per_task"])
+    clean = {t: statistics.fmean(r["clean"]["test"]["per_task"][t] for r in plain.values()) for t in tasks}
+    rows = []
+    for level, attacks in bound.get("levels", {}).items():
+        by_task = attacks["nn_l2"]["whole_question_by_task"]
+        estimate = statistics.fmean(by_task[t] * clean[t] for t in tasks if t in by_task)
+        rows.append(
+            {
+                "level": level,
+                "token_recovery": attacks["nn_l2"]["token_recovery"],
+                "whole_question": attacks["nn_l2"]["whole_question_recovered"],
+                "estimated_exact_match": estimate,
+            }
+        )
+    return rows
+
+
+def projection_table(rows: list[dict]) -> str:
+    """The ``projection_estimates`` rows as markdown."""
+    lines = [
+        "| level | NN per-token recovery % | whole question recovered % | decode-then-answer exact match (estimate) |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['level']} | {100 * row['token_recovery']:.1f} | {100 * row['whole_question']:.1f} | "
+            f"{row['estimated_exact_match']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def summarize_grid(out: Path, markdown: str | None, figure: str | None) -> None:
     results = load_results(out)
     text = "## NEFTune\n\n" + neftune_table(results) + "\n\n## Privacy-utility frontier\n\n" + frontier_table(results)
+    if (out / BOUND_FILE).is_file():
+        rows = projection_estimates(results, json.loads((out / BOUND_FILE).read_text()))
+        text += "\n\n## Nearest-row projection front end (estimate, 440 test chats)\n\n" + projection_table(rows)
     print(text)
     if markdown:
         Path(markdown).write_text(text + "\n")
