@@ -27,7 +27,10 @@ case "$stage" in
     # the plain cells, rerun with data-order seeds: they are also the distillation teachers, whose checkpoints only
     # live on the machine that trained them).
     if [ ! -d /tmp/snapshot ]; then
-      mkdir -p /tmp/snapshot && tar --exclude=./.whl --exclude=./.gguf1 --exclude=./.gguf2 -cf - . | tar -xf - -C /tmp/snapshot
+      # A carried .snapshot (``git archive <commit> | tar -x -C .snapshot``) pins a commit; else the working tree.
+      source=.; [ -d .snapshot ] && source=.snapshot
+      mkdir -p /tmp/snapshot && ( cd $source && tar --exclude=./.whl --exclude=./.gguf1 --exclude=./.gguf2 \
+        --exclude=./.snapshot -cf - . ) | tar -xf - -C /tmp/snapshot
       mkdir -p $GRID
       for d in benchmarks/results/noise_grid/*/; do
         name=$(basename "$d")
@@ -38,8 +41,9 @@ case "$stage" in
     fi
     gguf2=$PWD/.gguf2
     cd /tmp/snapshot && export PYTHONPATH=/tmp/site:$PWD
-    if [ ! -d /tmp/models ] || [ -z "$(ls -A /tmp/models 2>/dev/null)" ]; then
-      cat /tmp/gguf/part00 $gguf2/part01 > $GGUF && sha256sum $GGUF
+    if ! find /tmp/models -name config.json 2>/dev/null | grep -q .; then  # not converted yet
+      [ -f $gguf2/part01 ] && cat /tmp/gguf/part00 $gguf2/part01 > $GGUF
+      sha256sum $GGUF
       python3 scripts/fetch_smollm2.py --gguf $GGUF 2>&1 | tail -3
     fi
     left=$(( ${GRID_SECONDS:-560} - ($(date +%s) - started) ))
