@@ -24,9 +24,16 @@ from pathlib import Path
 import torch
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPOSITORY))  # tests.support: the test builders, importable from a checkout
+sys.path.insert(0, str(REPOSITORY))  # benchmarks.*: the shared builders, importable from a checkout
 
-from nemo_noise_plugin.data.corpus import BYTE_VOCAB_SIZE, load_corpus_tokens, sample_padded_batch
+from benchmarks.tiny_gpt import (
+    build_tiny_gpt,
+    causal_attention_mask,
+    destroy_cpu_parallel,
+    init_cpu_parallel,
+    sample_padded_batch,
+)
+from nemo_noise_plugin.data.corpus import BYTE_VOCAB_SIZE, load_corpus_tokens
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.distillation.losses import combined_distillation_loss
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
@@ -34,12 +41,6 @@ from nemo_noise_plugin.jobs.reports.robustness import robustness_curve
 from nemo_noise_plugin.model import NoisyGPTModel, make_noisy
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.utils import deepcopy_module_with_process_groups
-from tests.support.models import (
-    build_tiny_gpt,
-    causal_attention_mask,
-    destroy_cpu_parallel,
-    init_cpu_parallel,
-)
 
 SEQ, BATCH = 64, 16
 

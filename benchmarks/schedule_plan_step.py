@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPOSITORY))  # tests.support: the test builders, importable from a checkout
+sys.path.insert(0, str(REPOSITORY))  # benchmarks.*: the shared builders, importable from a checkout
 
 from benchmarks.step_timing import format_ratio, measure_interleaved, ratio_summary, repeat_medians  # noqa: E402
 
@@ -112,7 +112,7 @@ def _plan_validated() -> bool:
 def _build(args, noise, kd, overlap: bool):
     from megatron.core.transformer.module import Float16Module
 
-    from tests.support.schedule_plan import build_model, build_provider
+    from benchmarks.schedule_plan_drivers import build_model, build_provider
 
     provider = build_provider(noise, kd, **_settings(args, overlap and _plan_validated()))
     provider.overlap_moe_expert_parallel_comm = overlap  # EP=1: set after validation (see the module docstring)
@@ -123,7 +123,7 @@ def _build(args, noise, kd, overlap: bool):
 def _step(forward_step, provider, model, batches, args, world_size: int):
     from megatron.core.pipeline_parallel.schedules import get_forward_backward_func
 
-    from tests.support.schedule_plan import bound_forward_step, bridge_state
+    from benchmarks.schedule_plan_drivers import bound_forward_step, bridge_state
 
     global_batch = args.microbatches * args.micro_batch_size * world_size
     state = bridge_state(provider, global_batch, args.micro_batch_size, seq_length=args.seq_length)
@@ -139,7 +139,7 @@ def _step(forward_step, provider, model, batches, args, world_size: int):
 
 
 def _batches(args, seed: int) -> list[dict]:
-    from tests.support.schedule_plan import microbatches
+    from benchmarks.schedule_plan_drivers import microbatches
 
     return microbatches(
         args.microbatches,
@@ -156,10 +156,10 @@ def _gradients(model) -> dict[str, torch.Tensor]:
 
 
 def equivalence(args, world_size: int, rank: int) -> dict[str, dict]:
+    from benchmarks.schedule_plan_drivers import same_weights
     from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
-    from tests.support.schedule_plan import same_weights
 
     cases = {
         "noise": (NoiseConfig(alpha=5.0, tokens="response"), None, noise_forward_step),
@@ -210,7 +210,7 @@ def step_times(args, world_size: int, rank: int) -> dict[str, float]:
         "noise plan": (NoiseConfig(alpha=5.0), None, noise_forward_step),
         "noise + KD plan": (NoiseConfig(alpha=5.0), KDConfig(kd_weight=0.5), distillation_forward_step),
     }
-    from tests.support.schedule_plan import same_weights
+    from benchmarks.schedule_plan_drivers import same_weights
 
     built = {name: (_build(args, noise, kd, overlap=True), step) for name, (noise, kd, step) in modes.items()}
     # One set of weights for all three: with a random router, other weights route tokens to experts (and across

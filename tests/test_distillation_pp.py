@@ -278,8 +278,8 @@ class _CleanInputProbe:
 
 def _four_ranks(rank: int, world_size: int, port: int) -> dict:
     from nemo_noise_plugin.jobs.cpu.parallel import destroy_cpu_parallel
-    from nemo_noise_plugin.jobs.cpu.substitutes import install_schedule_plan_substitutes
     from tests.support.schedule_plan import microbatches
+    from tests.support.schedule_plan_substitutes import install_schedule_plan_substitutes
 
     install_schedule_plan_substitutes()
     batches = {dp: microbatches(MICROBATCHES, MICRO_BATCH_SIZE, seed=100 + dp) for dp in range(2)}

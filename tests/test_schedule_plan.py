@@ -35,7 +35,7 @@ def plan_cpu(megatron_cpu):
         init_num_microbatches_calculator,
     )
 
-    from nemo_noise_plugin.jobs.cpu.substitutes import install_schedule_plan_substitutes
+    from tests.support.schedule_plan_substitutes import install_schedule_plan_substitutes
 
     install_schedule_plan_substitutes()
     init_num_microbatches_calculator(0, None, MICROBATCHES * MICRO_BATCH_SIZE, MICRO_BATCH_SIZE, 1)

@@ -42,7 +42,6 @@ def _ep2_rank(rank: int, world_size: int, port: int) -> dict[str, dict]:
     from megatron.core.transformer.module import Float16Module
 
     from nemo_noise_plugin.distillation.config import KDConfig
-    from nemo_noise_plugin.jobs.cpu.substitutes import install_schedule_plan_substitutes
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
@@ -57,6 +56,7 @@ def _ep2_rank(rank: int, world_size: int, port: int) -> dict[str, dict]:
         run_plan_path,
         same_weights,
     )
+    from tests.support.schedule_plan_substitutes import install_schedule_plan_substitutes
 
     init_cpu_parallel(rank=rank, world_size=world_size, port=port, expert_model_parallel_size=2)
     install_schedule_plan_substitutes()

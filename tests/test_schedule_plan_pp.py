@@ -28,7 +28,6 @@ def _interleaved_rank(rank: int, world_size: int, port: int) -> dict:
     from megatron.core.transformer.module import Float16Module
     from megatron.core.utils import unwrap_model
 
-    from nemo_noise_plugin.jobs.cpu.substitutes import install_schedule_plan_substitutes
     from nemo_noise_plugin.model import NoiseInjectionMixin
     from nemo_noise_plugin.noise.config import NoiseConfig
     from tests.support.models import destroy_cpu_parallel, init_cpu_parallel
@@ -39,6 +38,7 @@ def _interleaved_rank(rank: int, world_size: int, port: int) -> dict:
         run_interleaved,
         same_weights,
     )
+    from tests.support.schedule_plan_substitutes import install_schedule_plan_substitutes
 
     init_cpu_parallel(
         rank=rank,

@@ -13,18 +13,14 @@ from nemo_noise_plugin.jobs.cpu.parallel import (
 )
 from nemo_noise_plugin.jobs.cpu.substitutes import (
     CPU_SUBSTITUTES,
-    SCHEDULE_PLAN_SUBSTITUTES,
     install_cpu_substitutes,
-    install_schedule_plan_substitutes,
 )
 
 __all__ = [
     "CPU_SUBSTITUTES",
-    "SCHEDULE_PLAN_SUBSTITUTES",
     "causal_attention_mask",
     "destroy_cpu_parallel",
     "free_port",
     "init_cpu_parallel",
     "install_cpu_substitutes",
-    "install_schedule_plan_substitutes",
 ]

@@ -3,13 +3,13 @@
 Megatron-Core assumes a GPU in a few places that have no CPU counterpart. Each substitute below stands in for one
 such piece and nothing else; ``CPU_SUBSTITUTES`` names them all, and the README lists them. They are installed
 only by an explicit ``install_cpu_substitutes()`` call (tests, the CPU main job, which announces it), never on
-import and never by the shipped package's own code paths.
+import and never by the shipped package's own code paths. The fine-grained schedule plan's stand-ins (streams,
+events) are the tests' own: ``tests/support/schedule_plan_substitutes.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import types
 from collections.abc import Iterator
 
 import torch
@@ -26,21 +26,7 @@ CPU_SUBSTITUTES: dict[str, str] = {
     "generator state, so activation recompute (CheckpointFunction) replays its RNG on the CPU",
 }
 
-SCHEDULE_PLAN_SUBSTITUTES: dict[str, str] = {
-    "torch.cuda.Stream / torch.cuda.Event / torch.cuda.current_stream / torch.cuda.stream": "CpuStream and "
-    "CpuEvent, which do nothing: on the CPU every operation has finished when it returns, so the schedule plan's "
-    "stream waits and event records have nothing to order",
-    "torch.Tensor.record_stream": "a no-op (there is no caching allocator to tell about other streams)",
-    "megatron.core.pipeline_parallel.schedules: torch.zeros(device='cuda')": "allocates on the CPU: the "
-    "schedules create their token counter with a literal 'cuda' device (the module's own torch.zeros only)",
-    "megatron.core.transformer.moe.token_dispatcher.maybe_move_tensor_to_cpu": "also converts CPU tensors to "
-    "numpy when asked to (as_numpy=True), as it does for CUDA tensors, so the all-to-all split sizes have the type "
-    "the dispatcher expects",
-}
-"""Installed on top of ``CPU_SUBSTITUTES`` by ``install_schedule_plan_substitutes()``, for the fine-grained plan."""
-
 _installed = False
-_plan_installed = False
 
 
 class _CpuTrackerMixin:
@@ -87,90 +73,3 @@ def install_cpu_substitutes() -> None:
     megatron_random._get_cuda_rng_state = lambda *args, clone=False, **kwargs: torch.get_rng_state()
     megatron_random._set_cuda_rng_state = lambda new_state, *args, **kwargs: torch.set_rng_state(new_state)
     _installed = True
-
-
-class CpuEvent:
-    """``torch.cuda.Event`` on the CPU: recording and waiting are no-ops (work is done when a CPU op returns)."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    def record(self, stream=None) -> None:
-        pass
-
-    def wait(self, stream=None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-
-class CpuStream:
-    """``torch.cuda.Stream`` on the CPU: one ordered stream of work, so every wait is already satisfied."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        pass
-
-    @staticmethod
-    def priority_range() -> tuple[int, int]:
-        return 0, -1
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def wait_stream(self, stream) -> None:
-        pass
-
-    def record_event(self, event=None) -> CpuEvent:
-        return event if event is not None else CpuEvent()
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-
-_CPU_STREAM = CpuStream()
-
-
-def install_schedule_plan_substitutes() -> None:
-    """Install ``SCHEDULE_PLAN_SUBSTITUTES`` (and ``CPU_SUBSTITUTES``), for running the fine-grained schedule plan."""
-    global _plan_installed
-    install_cpu_substitutes()
-    if _plan_installed:
-        return
-    import numpy
-    from megatron.core.transformer.moe import moe_utils, token_dispatcher
-
-    torch.cuda.Stream = CpuStream  # type: ignore[misc,assignment]
-    torch.cuda.Event = CpuEvent  # type: ignore[misc,assignment]
-    torch.cuda.current_stream = lambda *args, **kwargs: _CPU_STREAM  # type: ignore[assignment]
-    torch.cuda.stream = lambda stream=None: contextlib.nullcontext()  # type: ignore[assignment]
-    torch.Tensor.record_stream = lambda self, stream: None  # type: ignore[method-assign]
-    upstream = moe_utils.maybe_move_tensor_to_cpu
-
-    def maybe_move_tensor_to_cpu(tensor, as_numpy: bool = False, record_stream: bool = False):
-        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
-            return tensor.numpy() if not isinstance(tensor, numpy.ndarray) else tensor
-        return upstream(tensor, as_numpy=as_numpy, record_stream=record_stream)
-
-    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
-    from megatron.core.pipeline_parallel import schedules
-
-    schedules.torch = _TorchAllocatingOnCpu("torch")
-    _plan_installed = True
-
-
-class _TorchAllocatingOnCpu(types.ModuleType):
-    """``torch`` as Megatron's ``pipeline_parallel.schedules`` sees it: ``zeros(device="cuda")`` is a CPU tensor."""
-
-    def __getattr__(self, name: str):
-        return getattr(torch, name)
-
-    @staticmethod
-    def zeros(*args, device=None, **kwargs):
-        return torch.zeros(*args, device="cpu" if str(device).startswith("cuda") else device, **kwargs)

@@ -4,10 +4,10 @@ Exact match on the held-out splits (``TASK_REPORT_SPLITS``: validation and test,
 decoding: an answer counts when greedy decoding from the prompt
 reproduces the reference answer's tokens and then stops (the end-of-turn token). Greedy decoding yields exactly
 that sequence iff, fed the reference, the model's argmax at every answer position is the next reference token, so
-one teacher-forced forward pass per batch computes it exactly (``greedy_decode`` is the plain loop, which the tests
-check it against). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training (on the
-datasets and tokenizer as Bridge's loop has them: ``jobs.batches.recipe_datasets``), then the model exported with
-Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers, checked against Megatron's logits
+one teacher-forced forward pass per batch computes it exactly (the tests check it against the plain greedy loop,
+``tests/support/generation.py``). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training
+(on the datasets and tokenizer as Bridge's loop has them: ``jobs.batches.recipe_datasets``), then the model exported
+with Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers, checked against Megatron's logits
 (``hf_logit_agreement``) and asked the first held-out questions; written as ``task_report.{json,png}`` and ``hf/``
 into the run's report folder. With noise on, the report also states the run's frontier point (``frontier_point``):
 held-out exact match with the run's own noise on the model's inputs at inference, the token recovery of the privacy
@@ -41,7 +41,6 @@ __all__ = [
     "exact_match",
     "export_hf",
     "frontier_point",
-    "greedy_decode",
     "hf_generate",
     "hf_logit_agreement",
     "input_embedding_table",
@@ -87,23 +86,6 @@ def exact_match(
         for task in sorted(set(tasks))
     }
     return sum(hits) / len(hits), per_task, hits
-
-
-def greedy_decode(model: nn.Module, prompt: Sequence[int], eos_id: int, max_new_tokens: int = 16) -> list[int]:
-    """Greedy decoding with a Megatron model chunk (full recompute per token): the new tokens, up to ``eos_id``."""
-    tokens = list(prompt)
-    new: list[int] = []
-    with torch.no_grad():
-        for _ in range(max_new_tokens):
-            width = len(tokens)
-            ids = torch.tensor([tokens])
-            logits = model(ids, torch.arange(width).unsqueeze(0), causal_attention_mask(width))
-            token = int(logits[0, -1].argmax())
-            new.append(token)
-            if token == eos_id:
-                break
-            tokens.append(token)
-    return new
 
 
 def export_hf(model: nn.Module, hf_source: str, output_dir: str) -> str:
