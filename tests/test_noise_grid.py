@@ -4,23 +4,19 @@ plugin's noise layer and attacks)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from benchmarks import noise_grid
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from tests.support.attention_variables import clean_attention_variables
 from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 
 @pytest.fixture(autouse=True)
 def clean_attention_settings():
-    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
-    yield
-    for name in [name for name in os.environ if name.startswith("NVTE_")]:
-        del os.environ[name]
-    os.environ.update(saved)
+    with clean_attention_variables():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -30,31 +26,28 @@ def bridge_state(tmp_path_factory, megatron_cpu):
 
     # Megatron pins the attention backend process-wide (NVTE_* variables) when it builds a model: build this one
     # from a clean slate (a module fixture is set up before the function-scoped clean_attention_settings runs)
-    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
-    root = tmp_path_factory.mktemp("grid")
-    tokenizer_dir = write_chat_tokenizer(root / "tokenizer")
-    config = tiny_chat_sft_config(root / "run", tokenizer_dir, lr=1e-4, packed_sequence_size=None)
-    provider = config.model
-    provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
-    config.optimizer.bf16 = False
-    config.train.micro_batch_size = 8
-    state = import_bridge("megatron.bridge.training.state").GlobalState()
-    state.cfg = config
-    tokenizer = import_bridge("megatron.bridge.training.tokenizers.tokenizer").build_tokenizer(config.tokenizer)
-    config.dataset.finalize()
-    provider.finalize()
-    provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
-    torch.manual_seed(3)
-    (model,) = provider.provide_distributed_model(
-        use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=None
-    )
-    dataset_provider = import_bridge("megatron.bridge.data.utils").get_dataset_provider(config.dataset)
-    dataset_provider([16, 8, 0], config.dataset, tokenizer=tokenizer)
-    state._tokenizer = tokenizer
-    yield state, model
-    for name in [name for name in os.environ if name.startswith("NVTE_")]:
-        del os.environ[name]
-    os.environ.update(saved)
+    with clean_attention_variables():
+        root = tmp_path_factory.mktemp("grid")
+        tokenizer_dir = write_chat_tokenizer(root / "tokenizer")
+        config = tiny_chat_sft_config(root / "run", tokenizer_dir, lr=1e-4, packed_sequence_size=None)
+        provider = config.model
+        provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
+        config.optimizer.bf16 = False
+        config.train.micro_batch_size = 8
+        state = import_bridge("megatron.bridge.training.state").GlobalState()
+        state.cfg = config
+        tokenizer = import_bridge("megatron.bridge.training.tokenizers.tokenizer").build_tokenizer(config.tokenizer)
+        config.dataset.finalize()
+        provider.finalize()
+        provider._pg_collection = ProcessGroupCollection.use_mpu_process_groups()
+        torch.manual_seed(3)
+        (model,) = provider.provide_distributed_model(
+            use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=None
+        )
+        dataset_provider = import_bridge("megatron.bridge.data.utils").get_dataset_provider(config.dataset)
+        dataset_provider([16, 8, 0], config.dataset, tokenizer=tokenizer)
+        state._tokenizer = tokenizer
+        yield state, model
 
 
 def test_the_grid_runs_plain_models_first_and_keeps_variants_whole():

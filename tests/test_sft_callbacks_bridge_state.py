@@ -10,13 +10,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import os
 
 import pytest
 import torch
 
 from nemo_noise_plugin.data.instruction_set import instruction_examples
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from tests.support.attention_variables import clean_attention_variables
 from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 
@@ -61,13 +61,9 @@ def bridge_state(request, tmp_path, megatron_cpu):
 
 @pytest.fixture(autouse=True)
 def clean_attention_settings():
-    """Megatron pins the attention backend process-wide (``NVTE_*`` variables) when it builds a model and refuses a
-    model whose backend disagrees: build these from a clean slate and give the other tests their variables back."""
-    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
-    yield
-    for name in [name for name in os.environ if name.startswith("NVTE_")]:
-        del os.environ[name]
-    os.environ.update(saved)
+    """Build the models from a clean slate of ``NVTE_*`` variables (``tests.support.attention_variables``)."""
+    with clean_attention_variables():
+        yield
 
 
 def _context(state, model, user_state):

@@ -6,7 +6,6 @@ All but the first tests need the real model (``slow``; the session fixture conve
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from nemo_noise_plugin.jobs.cpu import init_cpu_parallel
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.recipes import RECIPES
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from tests.support.attention_variables import clean_attention_variables
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 EOS = 2
@@ -96,20 +96,14 @@ def _build(config) -> torch.nn.Module:
     provider.bf16, provider.params_dtype, provider.pipeline_dtype = False, torch.float32, torch.float32
     provider.use_cpu_initialization = True
     provider.finalize()
-    # Megatron pins the attention backend process-wide through NVTE_* variables: earlier models in this test
-    # process may have set them for another backend. Build with a clean slate, then restore them.
-    saved = {name: os.environ.pop(name) for name in [name for name in os.environ if name.startswith("NVTE_")]}
-    try:
+    # Earlier models in this test process may have pinned another attention backend (NVTE_* variables).
+    with clean_attention_variables():
         return provider.provide_distributed_model(
             wrap_with_ddp=False,
             use_cpu_initialization=True,
             mixed_precision_wrapper=None,
             pg_collection=ProcessGroupCollection.use_mpu_process_groups(),
         )[0].eval()
-    finally:
-        for name in [name for name in os.environ if name.startswith("NVTE_")]:
-            del os.environ[name]
-        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")

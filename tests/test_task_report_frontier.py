@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 
 import pytest
 import torch
 
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from tests.support.attention_variables import clean_attention_variables
 from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
 
 NOISE = NoiseConfig(mechanism="gaussian_mechanism", epsilon=30.0, clip_norm=1.0, special_token_ids=[1, 2])
@@ -25,12 +25,9 @@ NOISE = NoiseConfig(mechanism="gaussian_mechanism", epsilon=30.0, clip_norm=1.0,
 
 @pytest.fixture(autouse=True)
 def clean_attention_settings():
-    """Build the models from a clean slate of ``NVTE_*`` variables (see ``test_sft_callbacks_bridge_state``)."""
-    saved = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
-    yield
-    for name in [name for name in os.environ if name.startswith("NVTE_")]:
-        del os.environ[name]
-    os.environ.update(saved)
+    """Build the models from a clean slate of ``NVTE_*`` variables (``tests.support.attention_variables``)."""
+    with clean_attention_variables():
+        yield
 
 
 @pytest.fixture
