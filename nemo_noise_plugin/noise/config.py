@@ -151,10 +151,10 @@ class NoiseConfig:
             )
         self.special_token_ids = list(self.special_token_ids)
         for token_id in self.special_token_ids:
-            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < 2**63:
                 raise ValueError(
                     f"NoiseConfig.special_token_ids={self.special_token_ids!r} is invalid: "
-                    "expected a list of integer token ids >= 0."
+                    "expected a list of integer token ids >= 0 (and < 2**63: token ids are int64 tensors)."
                 )
         self._check_schedule()
         self._check_privacy_mechanism()

@@ -185,6 +185,17 @@ def _check_gaussian_mechanism(config: Any) -> None:
             f"NoiseConfig.epsilon={config.epsilon!r} is invalid with calibration='classical': the classical "
             "Gaussian mechanism holds only for epsilon < 1; use calibration='analytic' for larger epsilon."
         )
+    try:  # calibrated once here, so a budget no finite sigma meets is refused before any model is built
+        sigma = config.dp_sigma
+    except ArithmeticError:  # the calibration's own failure, an overflow or a division by zero
+        sigma = math.nan
+    if not (math.isfinite(sigma) and sigma > 0):
+        raise ValueError(
+            f"NoiseConfig.epsilon={config.epsilon!r} is invalid with mechanism='gaussian_mechanism', "
+            f"clip_norm={config.clip_norm!r} and delta={config.delta!r}: no finite noise level sigma > 0 calibrates "
+            "to it in double precision (sigma scales with clip_norm / epsilon); expected epsilon and clip_norm between "
+            "1e-10 and 1e10."
+        )
 
 
 NOISE_FAMILIES: dict[str, NoiseFamily] = {

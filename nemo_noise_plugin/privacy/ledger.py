@@ -151,9 +151,16 @@ def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequenc
     sensitivity = float(config.sensitivity)
     sigma = config.dp_sigma
     token_rho = gaussian_zcdp_rho(sigma, sensitivity)
-    sequence_rho = compose_zcdp([token_rho] * base.releases)
+    sequence_rho = compose_zcdp([token_rho]) * base.releases  # L * E equal releases: their sum, without a list
     # L * E Gaussian releases of sensitivity 2C each are one Gaussian release of sensitivity 2C * sqrt(L * E).
-    exact = gaussian_mechanism_epsilon(sigma, sequence_delta, sensitivity * math.sqrt(base.releases))
+    try:
+        exact = gaussian_mechanism_epsilon(sigma, sequence_delta, sensitivity * math.sqrt(base.releases))
+    except ArithmeticError:  # the calibration finds no epsilon below 1e300
+        raise ValueError(
+            f"privacy_ledger: NoiseConfig.epsilon={config.epsilon!r} is invalid for sequences of "
+            f"{base.sequence_length} tokens over {base.epochs} epoch(s): their composed epsilon exceeds double "
+            "precision (1e300); expected a smaller epsilon (or fewer tokens and epochs)."
+        ) from None
     noise_norm = None
     if base.hidden_size is not None:
         d = base.hidden_size
@@ -205,7 +212,7 @@ def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: 
             assumptions=(no_bound, d_chi, SCOPE, RANDOMNESS, *_coverage(config)),
         )
     token_epsilon = metric_dp_epsilon(eta, float(config.clip_norm))
-    sequence_epsilon = compose_pure_dp([token_epsilon] * base.releases)
+    sequence_epsilon = compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
     return replace(
         base,
         per_token=(Guarantee(token_epsilon, 0.0, "pure DP: eta * 2C"),),
@@ -240,7 +247,7 @@ def _laplace_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: fl
             "expected the hidden size d, e.g. hidden_size=4096 (the per-token epsilon 2C sqrt(d) / b depends on it)."
         )
     token_epsilon = laplace_epsilon(scale, float(config.clip_norm), base.hidden_size)
-    sequence_epsilon = compose_pure_dp([token_epsilon] * base.releases)
+    sequence_epsilon = compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
     clipped = (
         "Each release clips the embedding to L2 norm C before adding noise, so any two tokens' clipped embeddings "
         "are at L1 distance <= 2C sqrt(d) whatever the (trained, data-dependent) embedding table; composition over "
@@ -356,6 +363,14 @@ def _number(value: float) -> str:
     return f"{value:.6g}"
 
 
+MAX_COUNT = 2**53
+"""The largest ``sequence_length``, ``epochs`` and ``hidden_size``: the accounting computes in double precision,
+which holds every integer up to 2**53 exactly."""
+
+
 def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"privacy_ledger: {name}={value!r} is invalid: expected an integer >= 1.")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+        raise ValueError(
+            f"privacy_ledger: {name}={value!r} is invalid: expected an integer >= 1 (and <= 2**53, the integers "
+            "double precision holds exactly)."
+        )

@@ -94,8 +94,8 @@ def validate_plugin_settings(config: Any) -> None:
     ``NoiseConfig`` and ``KDConfig`` validate when constructed, but an assignment after that
     (``config.model.kd.temperature = 0.0``) skips ``__post_init__``; this re-checks each of them as it is now
     (their ``validate``), re-checks a ``NoisyDistillationProvider``'s constraints, and rejects a run that would
-    train nothing (``train.train_iters`` < 1) or a learning rate that is not a finite number > 0. Call it before any model is
-    built (``jobs.launch.launcher.launch`` does).
+    train nothing (``train.train_iters`` < 1) or a learning rate that is not a finite number > 0. Call it before
+    any model is built (``jobs.launch.launcher.launch`` does).
     """
     from nemo_noise_plugin.providers import NoisyDistillationProvider
 
@@ -316,7 +316,7 @@ def _explain_hydra_error(config: Any, message: str, overrides: list[str]) -> str
     """Hydra's complaints about a key restated in terms of the config: which class lacks the field, or why."""
     match = re.search(r"Could not (override|delete from config\.) '([^']+)'", message)
     if not match:
-        return message
+        return _unreadable_override(message, overrides)
     key = match.group(2)
     owner = config
     for part in key.split(".")[:-1]:
@@ -331,6 +331,20 @@ def _explain_hydra_error(config: Any, message: str, overrides: list[str]) -> str
             key, overrides
         )
     return message
+
+
+def _unreadable_override(message: str, overrides: list[str]) -> str:
+    """Hydra's grammar or merge failure restated in one line naming the override and what a value may be."""
+    said = " ".join(message.split())
+    culprit = next((item for item in overrides if item in message), None)
+    if culprit is None:
+        return said
+    grammar = "LexerNoViableAltException" in message or "mismatched input" in message or "no viable" in message
+    why = "Hydra's override grammar cannot read it" if grammar else "Hydra cannot merge its value into the field"
+    return (
+        f"{culprit} is invalid: {why}; expected key=value with a number, true/false, null, a [list] or a string "
+        f"(quote one with spaces or other characters: key='a b'). Hydra said: {said}"
+    )
 
 
 def _unknown_key(owner: Any, key: str, overrides: list[str]) -> str:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
+
+from nemo_noise_plugin.validation import is_finite_number
 
 __all__ = [
     "INTEGER_DTYPES",
@@ -44,7 +44,7 @@ def check_int(name: str, value: object, *, minimum: int, maximum: int | None = N
 
 def check_number(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None) -> None:
     """A finite number, ``> 0`` unless ``minimum`` is given (then ``>= minimum``), and ``<= maximum``."""
-    valid = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    valid = is_finite_number(value)  # not math.isfinite: it overflows on an int past a float's range
     valid = valid and (value > 0 if minimum is None else value >= minimum)
     if not valid or (maximum is not None and value > maximum):
         bound = "> 0" if minimum is None else f">= {minimum:g}"
@@ -54,7 +54,7 @@ def check_number(name: str, value: object, *, minimum: float | None = None, maxi
 
 def check_confidence(confidence: object) -> None:
     """A confidence level in (0, 1)."""
-    valid = not isinstance(confidence, bool) and isinstance(confidence, (int, float)) and 0.0 < confidence < 1.0
+    valid = is_finite_number(confidence) and 0.0 < confidence < 1.0
     if not valid:
         raise ValueError(f"confidence={confidence!r} is invalid: expected a number in (0, 1), e.g. 0.95.")
 

@@ -12,7 +12,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.attacks import direction_attack, nearest_neighbour_attack
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs, lm_beam_attack
-from nemo_noise_plugin.privacy.audit.checks import check_choice
+from nemo_noise_plugin.privacy.audit.checks import check_choice, check_number
 from nemo_noise_plugin.privacy.audit.noised import noised_embeddings, noised_tokens, real_tokens
 from nemo_noise_plugin.privacy.audit.search import (
     DEFAULT_QUERY_CHUNK,
@@ -70,6 +70,8 @@ def audit(
     refused with a ``ValueError`` naming the field).
     """
     noise_config.validate()
+    if rare_ids is None:
+        check_number("rare_quantile", rare_quantile, minimum=0.0, maximum=1.0)
     attacks = check_attacks(attacks, noise_config, lm_log_probs)
     noised = noised_embeddings(
         table, token_ids, noise_config, iteration=iteration, loss_mask=loss_mask, padding_mask=padding_mask
