@@ -413,9 +413,10 @@ def test_finetune_calls_the_plain_launcher_once_with_the_report_callbacks_its_re
     from nemo_noise_plugin.jobs.progress import ProgressLine
     from nemo_noise_plugin.jobs.reports.robustness import RobustnessReport
 
-    calls = []
+    calls, printed = [], []
     monkeypatch.setattr(launcher, "launch", lambda config, overrides=(), **kwargs: calls.append((config, kwargs)))
-    config = run_finetune(factory, [f"checkpoint.save={tmp_path / 'checkpoints'}"], print_fn=_quiet)
+    config = run_finetune(factory, [f"checkpoint.save={tmp_path / 'checkpoints'}"], print_fn=printed.append)
+    assert printed[-1] == "no robustness report: training ended before its last iteration"  # the launch trained nothing
     assert len(calls) == 1
     launched, kwargs = calls[0]
     assert launched is config and kwargs["allow_cpu_loop"] is True

@@ -214,6 +214,12 @@ def run_finetune(
         # pre-training are the main job's); Bridge's loop on a GPU, the CPU loop for a recipe on shipped data.
         reports = _report_callbacks(registered.reports if registered else (), config, folder, factory)
         launch(config, callbacks=[*reports, ProgressLine()], allow_cpu_loop=cpu_loop)
+    if reports and _is_rank_zero():
+        from nemo_noise_plugin.jobs.reports.callbacks import robustness_report
+
+        report = robustness_report(reports)
+        if report is not None and "after" not in report.curves:
+            print_fn("no robustness report: training ended before its last iteration")
     return config
 
 
