@@ -1,9 +1,11 @@
-"""Differential-privacy calibration, accounting and the privacy ledger of the noise mechanisms.
+"""Differential-privacy calibration, accounting, the privacy ledger and the token-recovery audit of the noise.
 
-``calibration`` turns (epsilon, delta) into the Gaussian mechanism's sigma; ``accounting`` composes releases (zCDP,
-pure DP) and converts zCDP to (epsilon, delta); ``ledger`` states what a ``NoiseConfig`` guarantees per token and
-per sequence (import it from ``nemo_noise_plugin.privacy.ledger``; ``NoiseConfig.dp_sigma`` imports this package).
-The math is pure Python (``math`` only, no SciPy).
+The calibration (``nemo_noise_plugin.noise.calibration``, re-exported here and by the ``privacy.calibration`` alias)
+turns (epsilon, delta) into the Gaussian mechanism's sigma; ``accounting`` composes releases (zCDP, pure DP) and
+converts zCDP to (epsilon, delta), with the pure-DP epsilon of metric-DP and Laplace; ``ledger`` states what a
+``NoiseConfig`` guarantees per token and per sequence (import it from ``nemo_noise_plugin.privacy.ledger``);
+``embedding_distance`` sizes noise from an embedding table's neighbour distances; ``audit`` attacks noised embeddings
+(nearest neighbour, the LM-prior beam) and sweeps noise levels. The math is pure Python (``math`` only, no SciPy).
 """
 
 from nemo_noise_plugin.noise.calibration import (

@@ -180,7 +180,7 @@ def _distillation_schedule_plan(state, data_iterator, model, inner, kd_config, t
     """The plan path: the student's plan computes CE + KD in its post-process node from the teacher's logits.
 
     The teacher runs here, under ``no_grad`` and before the plan does; its logits reach the loss through the
-    post-process node's ``output_processor`` (``nemo_noise_plugin.schedule_plan.distillation``).
+    post-process node's ``output_processor`` (``nemo_noise_plugin.distillation.plan_loss.DistillationOutputProcessor``).
     """
     from nemo_noise_plugin.distillation.plan_loss import (
         DistillationLossParts,
