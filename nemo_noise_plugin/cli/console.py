@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from nemo_noise_plugin.jobs.launch.bridge_console import log_bridge_output
@@ -28,6 +29,7 @@ __all__ = [
     "quiet_for_nemo_command",
     "quiet_third_party",
     "running_the_nemo_command",
+    "running_the_plugin_command",
 ]
 
 KNOWN_WARNINGS: tuple[str, ...] = (
@@ -104,6 +106,27 @@ def running_the_nemo_command() -> bool:
     return Path(sys.argv[0]).name == "nemo"
 
 
+PLUGIN_COMMANDS: tuple[tuple[str, ...], ...] = (("llm", "finetune"), ("noise",))
+"""The ``nemo`` sub-commands the plugin registers (``nemo noise ...``; ``nemo llm finetune`` unless NeMo 2's
+``llm`` is installed, then the plugin's ``finetune`` is ``nemo noise finetune`` and NeMo 2's runs its recipes)."""
+
+
+def running_the_plugin_command(argv: Sequence[str] | None = None) -> bool:
+    """Whether ``argv`` (default ``sys.argv``) runs one of the plugin's own ``nemo`` sub-commands.
+
+    NeMo-Run's ``nemo`` imports every registered entry-point module at start-up, other packages' commands included,
+    so the plugin changes the process (quiet logging, GPUs hidden for a dry run) only when its own command runs::
+
+        running_the_plugin_command(["nemo", "llm", "finetune", "-f", "tiny_noise_sft"])  # True
+        running_the_plugin_command(["nemo", "other", "train", "--dryrun"])                # False
+    """
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or Path(argv[0]).name != "nemo":
+        return False
+    words = [arg for arg in argv[1:] if not arg.startswith("-")]
+    return any(tuple(words[: len(command)]) == command for command in PLUGIN_COMMANDS)
+
+
 def quiet_for_nemo_command() -> None:
     """``quiet_third_party`` for the ``nemo`` command and for the tasks it launches through executors, as soon as
     the plugin's entry-point modules are loaded (before they import Megatron).
@@ -114,6 +137,8 @@ def quiet_for_nemo_command() -> None:
     Other programs are left alone.
     """
     if running_the_nemo_command():
+        if not running_the_plugin_command():
+            return  # another package's nemo command: leave its process alone
         verbose = "--verbose" in sys.argv or "-v" in sys.argv
     elif Path(sys.argv[0]).name in TASK_RUNNERS:
         verbose = os.environ.get(VERBOSE_ENV) == "1"

@@ -46,13 +46,13 @@ from nemo_noise_plugin.cli.console import (
     VERBOSE_ENV,
     quiet_for_nemo_command,
     quiet_third_party,
-    running_the_nemo_command,
+    running_the_plugin_command,
 )
 from nemo_noise_plugin.cli.exits import run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
 
 quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
-if running_the_nemo_command():
+if running_the_plugin_command():
     hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
 from nemo_noise_plugin.cli.finetune import check_recipe_arguments, check_to_yaml  # noqa: E402
