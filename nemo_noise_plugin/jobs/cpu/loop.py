@@ -26,13 +26,47 @@ from nemo_noise_plugin.jobs.progress import NonFiniteLossError
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
-__all__ = ["CPU_LOOP_NOTICE", "build_optimizer", "run_cpu_loop"]
+__all__ = [
+    "CPU_LOOP_NOTICE",
+    "CPU_LOOP_PARALLEL_SETTINGS",
+    "build_optimizer",
+    "check_cpu_loop_settings",
+    "run_cpu_loop",
+]
 
 CPU_LOOP_NOTICE = (
     "CPU loop (Bridge's training loop needs CUDA): the recipe's provider, model, data pipeline, forward step\n"
     "and loss, driven by a single-process loop; float32 instead of bf16, torch AdamW instead of Megatron's\n"
     "optimizer (with the recipe's gradient clipping and Megatron's learning-rate schedule). CPU substitutes in use:"
 )
+
+
+CPU_LOOP_PARALLEL_SETTINGS: dict[str, str] = {
+    "tensor_model_parallel_size": "it would train the whole model in one process, ignoring the split",
+    "pipeline_model_parallel_size": "it would build and train the first pipeline stage only",
+    "virtual_pipeline_model_parallel_size": "it would build the first virtual stage only",
+    "context_parallel_size": "it would train whole sequences in one process, ignoring the split",
+    "expert_model_parallel_size": "it would hold every expert in one process, ignoring the split",
+    "expert_tensor_parallel_size": "it would train whole experts in one process, ignoring the split",
+}
+"""The model-parallel settings the single-process CPU loop cannot honour, and what it would do instead."""
+
+
+def check_cpu_loop_settings(config: Any) -> None:
+    """Refuse what the CPU loop cannot honour, before any model is built or file written: ``ValueError`` naming the
+    setting (``model.pipeline_model_parallel_size=2``), the value and what is allowed.
+
+    The loop trains in one process on Megatron's parallel state of size 1, so any model-parallel size other than 1
+    (``CPU_LOOP_PARALLEL_SETTINGS``; ``None`` where Megatron reads it as "not split") would be silently changed.
+    """
+    model = config.model
+    for name, instead in CPU_LOOP_PARALLEL_SETTINGS.items():
+        value = getattr(model, name, None)
+        if value is not None and value != 1:
+            raise ValueError(
+                f"model.{name}={value!r} is invalid on the CPU loop (no GPU here): expected 1, since the loop trains "
+                f"in one process and {instead}; set model.{name}=1, or run on GPUs (Bridge's loop)."
+            )
 
 
 def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] = ()) -> None:
@@ -50,7 +84,10 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     ``checkpoint.save`` every ``checkpoint.save_interval`` iterations, at ``train.exit_interval`` (where the run then
     stops, without ``on_train_end``, as Bridge's does) and at the end; a run whose settings match a checkpoint in
     ``checkpoint.load`` resumes from it, with the same noise and batches as an uninterrupted run.
+
+    Model-parallel settings other than 1 are refused first (``check_cpu_loop_settings``).
     """
+    check_cpu_loop_settings(config)
     print(CPU_LOOP_NOTICE)
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")

@@ -175,6 +175,10 @@ def launch(
         raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
     config = apply_overrides(config, list(overrides))
     validate_plugin_settings(config)
+    if not on_gpu:  # the CPU loop's refusals come before check_run_settings creates the checkpoint folder
+        from nemo_noise_plugin.jobs.cpu.loop import check_cpu_loop_settings
+
+        check_cpu_loop_settings(config)
     check_run_settings(config)
     step = forward_step or forward_step_for(config)
     callbacks = [*(callbacks or []), FiniteLossGuard()]
