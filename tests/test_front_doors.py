@@ -138,9 +138,16 @@ def test_an_interrupt_during_a_save_waits_for_the_save_and_then_stops(tmp_path, 
         real_save(state, stream)
 
     monkeypatch.setattr(torch, "save", interrupted_save)
+    # Python's own Ctrl-C handler, whatever an earlier test or library in this process installed (the save hands the
+    # held signal to the handler that was in place before it)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(CpuCheckpoint, "_OPENED", [])
     checkpoint = CpuCheckpoint(str(tmp_path), str(tmp_path), "1" * 16)
-    with pytest.raises(KeyboardInterrupt):
-        checkpoint.save({"iteration": 3})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            checkpoint.save({"iteration": 3})
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert torch.load(checkpoint.save_path)["iteration"] == 3  # complete on disk, then the interrupt
     assert checkpoint.save_path in CpuCheckpoint.on_disk()
 
