@@ -10,6 +10,8 @@ configuration, is trained too: it does not, which is the cause the benchmark's c
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -110,7 +112,14 @@ def _train_modelopt(kd_weight: float | None) -> tuple[list[float], list[float], 
 
 @pytest.fixture(scope="module")
 def runs(megatron_cpu):
-    return {"fixed": _train_modelopt(1.0), "modelopt_default": _train_modelopt(None)}
+    # Building Bridge's DistillationProvider sets process-wide environment variables that the later tests'
+    # subprocesses (torchrun tasks, the main job) would inherit and fail on: give the environment back afterwards.
+    saved = dict(os.environ)
+    try:
+        return {"fixed": _train_modelopt(1.0), "modelopt_default": _train_modelopt(None)}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.mark.slow  # two 40-step trainings of a tiny GPT with its teacher: about 25 s on 2 cores
