@@ -96,9 +96,10 @@ def modelopt_provider(settings: dict, kd_weight: float | None = 1.0):
     ``LogitsAndIntermediatesLossBalancer`` rescales the KD term of every microbatch to the CE's size
     (``kd *= CE.detach() / kd.detach()``), so the KL's gradient is multiplied by CE / KL. A balance made for a
     trained teacher; here the teacher starts as the student's own weights and the KL is only the noise's effect
-    (about 1/400 of the CE on the tiny CPU model of ``tests/test_distillation_step_modelopt.py``), so the KL's
-    gradient outweighed the CE's by that factor: the grad norm grew (612 -> 1830 on the H200) and the lm loss did
-    not fall (10.79 -> 10.74) while every other mode fell to about 4.0. The fixed weight below trains like the
+    (about 1/400 of the CE on the tiny CPU model of
+    ``tests/benchmarks/test_distillation_step_modelopt.py``), so the KL's gradient outweighed the CE's by that
+    factor: the grad norm grew (612 -> 1830 on the H200) and the lm loss did not fall (10.79 -> 10.74) while every
+    other mode fell to about 4.0. The fixed weight below trains like the
     other modes (and drops the two host syncs per microbatch of that balancer's ``if kd_loss > 0 and
     original_loss > 0``). ``kd_weight=None`` builds the old configuration (ModelOpt's default balancer), for the
     test that shows it does not train.

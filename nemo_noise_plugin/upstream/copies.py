@@ -2,8 +2,9 @@
 
 Megatron-Core offers no hook at these three places, so the plugin carries an edited copy of the upstream function.
 Each entry names our copy, the upstream original, what the copy changes, and the SHA-256 of the original's source
-as megatron-core 0.19.2 ships it. ``tests/test_upstream_copies.py`` fails when the installed original differs: then
-re-read the original, carry its change into our copy, and record the new digest here (``upstream_source_sha256``).
+as megatron-core 0.19.2 ships it. ``tests/upstream/test_upstream_copies.py`` fails when the installed original
+differs: then re-read the original, carry its change into our copy, and record the new digest here
+(``upstream_source_sha256``).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The private names of Megatron-Core 0.19.2, Megatron-Bridge 0.6.2 and NeMo-Run that the plugin uses, in one list.
 
 Upstream may rename or drop a name that starts with an underscore in any release, without notice. Each entry says
-where the plugin uses it and why no public name does the job. ``tests/test_upstream_private_names.py`` fails when an
-entry no longer resolves in the installed packages (re-read upstream, then change the plugin and this list), and
+where the plugin uses it and why no public name does the job. ``tests/upstream/test_upstream_private_names.py`` fails
+when an entry no longer resolves in the installed packages (re-read upstream, then change the plugin and this list), and
 when the package uses a private upstream name that is not listed here.
 """
 

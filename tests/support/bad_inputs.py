@@ -1,6 +1,6 @@
 """The catalogue of bad inputs a new user may type, by surface, each with the words its error must contain.
 
-Every case is run by ``tests/test_bad_inputs.py`` (each must end in one clear error: the expected exception or exit
+Every case is run by ``tests/cli/test_bad_inputs.py`` (each must end in one clear error: the expected exception or exit
 status, a message naming the setting and the offending value, no traceback) and tabulated in
 ``docs/bad_inputs.md`` by ``scripts/bad_inputs_table.py``. Cases run in-process and stop before any model is built.
 """

@@ -4,7 +4,7 @@
 the ``nemo`` command (NeMo-Run's app) or ``python -m MODULE`` in-process and prints, at exit, one line
 ``DEVICE QUERIES <values>``: the value ``CUDA_VISIBLE_DEVICES`` had each time torch asked the driver for the GPU
 count (the call that initialises CUDA), and ``CUDA INITIALIZED <bool>``. A dry run that hid the GPUs first shows
-only ``''``. Used by ``tests/test_gpu_free_dry_run.py`` and its GPU twin.
+only ``''``. Used by ``tests/cli/test_gpu_free_dry_run.py`` and its GPU twin.
 """
 
 from __future__ import annotations

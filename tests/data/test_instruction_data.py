@@ -28,7 +28,7 @@ from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 EOS, NEWLINE = 2, 198
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "make_instruction_data.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "make_instruction_data.py"
 SIZES = {"training": 4400, "validation": 440, "test": 440}
 PER_TASK = {"training": 400, "validation": 40, "test": 40}
 

@@ -33,7 +33,7 @@ from tests.support.smollm2 import (  # noqa: F401  (the session fixtures)
     transformers_next_dir,
 )
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 FETCH_SCRIPT = REPOSITORY / "scripts" / "fetch_smollm2.py"
 
 CHAT_PROMPTS = (

@@ -3,7 +3,7 @@ real packaging, dry run, torchx local scheduler and torchrun), checked before an
 
 The dry runs print what NeMo-Run would launch (the sbatch script, the torchrun command, the container or cluster job)
 and contact no Docker daemon or cluster (that the commands' dry runs open no CUDA context is
-``tests/test_gpu_free_dry_run.py``); the local executor really starts torchrun processes here (gloo on the CPU).
+``tests/cli/test_gpu_free_dry_run.py``); the local executor really starts torchrun processes here (gloo on the CPU).
 Every bad executor setting is also in the bad-input catalogue (``tests/support/bad_inputs.py``).
 """
 
@@ -36,7 +36,7 @@ from nemo_noise_plugin.jobs.executors.task import run_on_executor
 from tests.support.hub_configs import write_offline_hub
 from tests.support.nemo2 import write_nemo2_llm
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 NEMO = pathlib.Path(sys.executable).with_name("nemo")
 if not NEMO.exists():  # the plugin installed with --target (the GPU machine): its scripts are on PATH
     NEMO = pathlib.Path(shutil.which("nemo") or NEMO)

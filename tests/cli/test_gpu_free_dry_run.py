@@ -17,7 +17,7 @@ import pytest
 
 from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 DEVICE_QUERIES = REPO / "tests" / "support" / "device_queries.py"
 
 

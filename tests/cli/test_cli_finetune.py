@@ -24,7 +24,7 @@ from nemo_noise_plugin.jobs.launch.launcher import GPU_REQUIRED_MESSAGE, GPUUnav
 from nemo_noise_plugin.recipes import RECIPES
 from tests.support.nemo2 import write_nemo2_llm
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 NEMO = pathlib.Path(sys.executable).with_name("nemo")
 HAS_CUDA = torch.cuda.is_available()
 ALL_FACTORIES = ", ".join(sorted(RECIPES))

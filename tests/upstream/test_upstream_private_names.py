@@ -11,7 +11,7 @@ import pytest
 
 from nemo_noise_plugin.upstream.private_names import PRIVATE_UPSTREAM_NAMES, PrivateUpstreamName
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "nemo_noise_plugin"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "nemo_noise_plugin"
 UPSTREAM = ("megatron", "nemo_run", "modelopt", "transformer_engine")
 INSTANCE_ATTRIBUTE_USES = {
     "_pg_collection": "megatron.bridge.models.gpt_provider:GPTModelProvider._pg_collection",

@@ -23,7 +23,7 @@ from nemo_noise_plugin.jobs.reports.artifacts import (
     prune_reports,
 )
 from nemo_noise_plugin.jobs.reports.provenance import data_files, run_provenance, run_title
-from tests import test_sft_callbacks_bridge_state as bridge_fixtures
+from tests.jobs import test_sft_callbacks_bridge_state as bridge_fixtures
 
 bridge_state = bridge_fixtures.bridge_state
 """Bridge's ``GlobalState`` and a tiny chat GPT after ``setup()``'s tokenizer and data steps (NEFTune alpha 5)."""

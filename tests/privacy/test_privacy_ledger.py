@@ -15,7 +15,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 GAUSSIAN_PRESET = "dp_gaussian_mechanism"
 METRIC_PRESET = "metric_dp"
 

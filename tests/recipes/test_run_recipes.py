@@ -12,7 +12,7 @@ from nemo_noise_plugin.cli import finetune as finetune_cli
 from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, run_finetune
 from nemo_noise_plugin.recipes import RECIPES
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 RUN_RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 
 
