@@ -232,6 +232,19 @@ def noisy_provider_from(
     ``finalize``/``__post_init__``: MLA/DeepSeek, Sarvam, MiniMax-M3; extra fields: Gemma 2/3/4, Step-3.5, ...)
     builds a different model than ``GPTModelProvider.provide``, so it raises ``UnsupportedProviderError`` naming
     the class and what would be lost, instead of silently training another architecture.
+
+    Args:
+        provider: a Bridge ``GPTModelProvider``, e.g. ``AutoBridge.from_hf_pretrained(path).to_megatron_provider()``.
+        noise: the noise settings; None keeps a plugin provider's own, else ``NoiseConfig()``.
+        kd: distillation settings; given, the result is a ``NoisyDistillationProvider`` (noisy student, clean teacher).
+
+    Returns:
+        A new, unfinalized plugin provider; use it as ``config.model``.
+
+    Example::
+
+        provider = AutoBridge.from_hf_pretrained("/models/smollm2").to_megatron_provider(load_weights=True)
+        config.model = noisy_provider_from(provider, noise=load_noise_config("neftune_alpha5"), kd=KDConfig())
     """
     if not isinstance(provider, GPTModelProvider):
         raise UnsupportedProviderError(

@@ -56,6 +56,23 @@ def launch_with_report(
     titles come from it. ``keep_last`` (an integer >= 1) keeps, after a report is written, only the newest that many
     report folders (``artifacts.prune_reports``) and checkpoints under ``config.checkpoint.save``
     (``artifacts.prune_checkpoints``; on rank 0 only).
+
+    Args:
+        config: the recipe's ``ConfigContainer`` (noise on; the control run switches it off).
+        output_dir: the run folder: checkpoints, ``reports/`` and ``bridge.log``.
+        label: the run's name in progress lines and report titles.
+        control: also train without noise and compare.
+        clean_pretrain_steps: steps of noise-free training first (teachers for distillation recipes).
+        recipe: the recipe's name, recorded in every report's provenance.
+        keep_last: keep only the newest N report folders and checkpoints (None keeps all).
+        reports: report callbacks to run (names of ``recipes.REPORTS``); None picks by the data.
+
+    Returns:
+        The report folder, or None when training stopped before its last iteration.
+
+    Example::
+
+        launch_with_report(tiny_noise_sft_config(), output_dir="outputs/demo", label="tiny", recipe="tiny_noise_sft")
     """
     from nemo_noise_plugin.jobs.batches import is_finetuning_dataset
     from nemo_noise_plugin.jobs.launch.warm_start import CaptureWeights, StartFromWeights

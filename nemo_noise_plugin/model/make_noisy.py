@@ -50,9 +50,18 @@ def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig) -> torch.nn.Mo
     (``NoiseConfig.validate``: a value assigned after construction is refused with a ``ValueError`` naming it), so a
     bad config leaves the model as it was.
 
+    Args:
+        model: a built ``GPTModel`` / ``HybridModel`` (or subclass), bare or wrapped in DDP, FSDP or
+            ``Float16Module``; on a pipeline-parallel run, each stage's chunk (noise is drawn on the first stage only).
+        noise_config: the noise settings (``NoiseConfig``, or ``load_noise_config("neftune_alpha5")`` for a preset).
+
+    Returns:
+        The unwrapped model, now an instance of the noisy subclass (the same object as the wrapper's module).
+
     Example::
 
         model = make_noisy(gpt_model, NoiseConfig(alpha=5.0))  # NEFTune noise on the decoder input
+        model = make_noisy(model, load_noise_config("metric_dp"))  # already noisy: takes the new config
     """
     if not isinstance(noise_config, NoiseConfig):
         raise TypeError(f"make_noisy: noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")

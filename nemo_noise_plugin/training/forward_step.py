@@ -114,7 +114,21 @@ def _loss_mask_on_this_cp_rank(raw: dict[str, Any], pg_collection: Any) -> torch
 def noise_forward_step(
     state: Any, data_iterator: Iterable, model: torch.nn.Module, return_schedule_plan: bool = False
 ) -> tuple[torch.Tensor, partial]:
-    """Bridge's GPT forward step for a noisy model: same batch, loss and logging, plus the noise clock and mask."""
+    """Bridge's GPT forward step for a noisy model: same batch, loss and logging, plus the noise clock and mask.
+
+    Args:
+        state: Bridge's ``GlobalState`` (its train state's step drives the noise schedule and the noise stream).
+        data_iterator: the batch iterator Bridge's loop passes in.
+        model: a model chunk built by ``NoisyGPTModelProvider`` (or made noisy with ``make_noisy``).
+        return_schedule_plan: build the fine-grained schedule plan (MoE A2A overlap) instead of running the forward.
+
+    Returns:
+        The output tensor (or schedule plan) and the loss function, as Bridge's ``forward_step`` returns them.
+
+    Example::
+
+        pretrain(tiny_noise_sft_config(), forward_step_func=noise_forward_step)
+    """
     gpt_step = import_bridge("megatron.bridge.training.gpt_step")
     sync_noise_clock(model, state.train_state.step)
     with _CapturingBatch(model, strip_labels=False) as capture:
@@ -136,6 +150,19 @@ def distillation_forward_step(
 
     The model chunk must come from ``NoisyDistillationProvider`` (it carries the teacher). The loss function returns
     Bridge's ``(loss_sum, num_tokens, report)`` with ``lm loss``, ``kd loss``, ``hidden loss`` and ``total loss``.
+
+    Args:
+        state: Bridge's ``GlobalState``.
+        data_iterator: the batch iterator Bridge's loop passes in.
+        model: a model chunk built by ``NoisyDistillationProvider``.
+        return_schedule_plan: build the fine-grained schedule plan, the teacher's forward included.
+
+    Returns:
+        The student's output tensor (or schedule plan) and the CE + KD loss function.
+
+    Example::
+
+        pretrain(tiny_noise_distillation_config(), forward_step_func=distillation_forward_step)
     """
     from nemo_noise_plugin.distillation.losses import combined_distillation_loss
     from nemo_noise_plugin.distillation.teacher_weights import ready_teacher

@@ -166,6 +166,21 @@ def launch(
     (``validate_plugin_settings``: whatever set them), and ``FiniteLossGuard`` stops a run whose loss is not finite.
     Under the plugin's commands Bridge's console output goes to the run folder's ``bridge.log``
     (``jobs.launch.bridge_console.bridge_output``), the callbacks' lines to the console.
+
+    Args:
+        config: Bridge's ``ConfigContainer``, e.g. a recipe's (``smollm2_135m_noise_sft_config()``).
+        overrides: Hydra-style ``key=value`` settings applied first (``model.noise.alpha=10``).
+        forward_step: the forward step; None picks ``noise_forward_step`` or ``distillation_forward_step``.
+        callbacks: Bridge callbacks (``jobs.reports.callbacks`` builds the report callbacks a recipe names).
+        allow_cpu_loop: without a GPU, train on the plugin's single-process CPU loop instead of refusing.
+
+    Raises:
+        GPUUnavailableError: no GPU and ``allow_cpu_loop`` is False.
+        ValueError: a setting that cannot work (the message names it), before any folder is created.
+
+    Example::
+
+        launch(tiny_noise_sft_config(), ["train.train_iters=20", "model.noise.alpha=10"], allow_cpu_loop=True)
     """
     from nemo_noise_plugin.jobs.progress import FiniteLossGuard
     from nemo_noise_plugin.training.overrides import apply_overrides, validate_plugin_settings
