@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+TEMPORARY_FOLDER = re.compile(re.escape(tempfile.gettempdir()) + r"/[\w.-]+")
+"""A case's own temporary folder (``/tmp/tmpeecast3q``): written as ``<tmp>`` so the table does not change per run
+(the checkout's own path is written ``<repo>/``)."""
 sys.path.insert(0, str(REPOSITORY))
 
 
@@ -29,7 +34,8 @@ def main() -> int:
     for number, case in enumerate(all_cases(), start=1):
         outcome = run_case(case)
         counts[outcome.kind] += 1
-        message = outcome.message.replace("|", "\\|")
+        message = TEMPORARY_FOLDER.sub("<tmp>", outcome.message).replace(f"{REPOSITORY}/", "<repo>/")
+        message = message.replace("|", "\\|")
         rows.append(f"| {number} | {case.surface} | `{case.text}` | {outcome.kind} | {message} |")
     summary = ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))
     text = "\n".join(
