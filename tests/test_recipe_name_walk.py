@@ -1,0 +1,119 @@
+"""The recipe-name walk (issue 24, scripts/recipe_name_walk.py): its figures, and that the walk does not grow back."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MEASURED_AT_HEAD = {"stops": 8, "climbs": 3, "returns": 2}
+"""``nemo llm finetune --factory tiny_noise_sft --dryrun`` as measured in docs/development.md ("Recipe-name walk")."""
+
+
+def _walk_script():
+    name = "recipe_name_walk"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / "recipe_name_walk.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_figures_of_a_hand_made_walk():
+    walk = _walk_script()
+    floors = {"cli": 0, "jobs": 3, "recipes": 5, "launcher": 2}
+    modules = ["cli", "cli", "jobs", "recipes", "recipes", "jobs", "cli", "launcher"]
+    assert walk.collapse(modules) == ["cli", "jobs", "recipes", "jobs", "cli", "launcher"]
+    figures = walk.figures(modules, floors.__getitem__)
+    # climbs: recipes -> jobs (5 -> 3) and jobs -> cli (3 -> 0); returns: jobs and cli, entered again after leaving
+    assert (figures.stops, figures.climbs, figures.returns) == (6, 2, 2)
+    assert walk.figures([], floors.__getitem__) == walk.Figures(0, 0, 0)
+    assert walk.figures(["cli", "cli"], floors.__getitem__) == walk.Figures(1, 0, 0)
+
+
+def test_what_holds_the_recipe_name():
+    walk = _walk_script()
+    pattern = walk.name_pattern("tiny_noise_sft")
+    factory = "tiny_noise_sft"
+
+    class Entry:
+        def __init__(self, path):
+            self.path = path
+
+    def tiny_noise_sft_config():
+        pass
+
+    assert all(
+        walk.holds(value, pattern)
+        for value in (
+            "tiny_noise_sft",
+            "tiny_noise_sft(seq_length=64)",
+            "nemo_noise_plugin.recipes.tiny:tiny_noise_sft_config",
+            ["--factory", "tiny_noise_sft", "--dryrun"],
+            Entry("nemo_noise_plugin.recipes.tiny:tiny_noise_sft_config"),
+            tiny_noise_sft_config,
+            lambda: factory,  # a closure cell
+        )
+    )
+    assert not any(
+        walk.holds(value, pattern)
+        for value in (
+            "tiny_noise_sft_2",
+            "/runs/tiny_noise_sft/checkpoints",  # the name as a folder
+            {"tiny_noise_sft": Entry("x")},  # a registry of names
+            Entry(Entry("tiny_noise_sft")),  # two steps away
+            None,
+        )
+    )
+
+
+def test_a_module_todays_layout_lacks_sits_on_the_highest_floor_it_imports(tmp_path):
+    walk = _walk_script()
+    checker = walk._floors_module()
+    files = {
+        "__init__.py": "",
+        "cli/__init__.py": "",
+        "cli/finetune.py": "from nemo_noise_plugin.old_flow import run\n",
+        "recipes/__init__.py": "",
+        "old_flow.py": """
+            from nemo_noise_plugin import recipes
+
+            def run():
+                from nemo_noise_plugin.cli import finetune
+            """,
+        "old_leaf.py": "",
+    }
+    for relative, source in files.items():
+        path = tmp_path / "nemo_noise_plugin" / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    floors = walk.floor_table(tmp_path, REPO)
+    assert floors["nemo_noise_plugin.recipes"] == checker.floor_of("nemo_noise_plugin.recipes", "nemo_noise_plugin")
+    assert floors["nemo_noise_plugin.old_flow"] == floors["nemo_noise_plugin.cli.finetune"] == 0  # lazy import, up
+    assert floors["nemo_noise_plugin.old_leaf"] == len(checker.FLOORS) - 1
+
+
+def test_the_walk_from_nemo_llm_finetune_does_not_grow_back():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "recipe_name_walk.py"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    walk = json.loads(result.stdout)
+    assert walk["exit_status"] in (0, None), walk["output_tail"]
+    assert walk["handed_to_launcher"] and walk["walk"][0]["module"] == "nemo_noise_plugin.cli.nemo_llm"
+    assert any(stop["module"] == "nemo_noise_plugin.recipes.tiny" for stop in walk["walk"])
+    figures = {key: walk[key] for key in MEASURED_AT_HEAD}
+    assert all(figures[key] <= MEASURED_AT_HEAD[key] for key in MEASURED_AT_HEAD), (figures, walk["walk"])
