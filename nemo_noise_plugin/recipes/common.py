@@ -1,7 +1,8 @@
-"""What the recipe families share (Bridge's ``recipes/common.py`` habit): the ``ConfigContainer`` a fine-tuning run of
-the plugin gets, the noise and KD defaults and their attachment to a provider, the layer-spec and precision
-settings, and the run folder. Each family module (``tiny``, ``smollm2``, ``hf_models``) states only what differs:
-its model, data, tokenizer and sizes.
+"""What the recipe families share (Bridge's ``recipes/common.py`` habit): the ConfigContainer, defaults, settings.
+
+The ``ConfigContainer`` a fine-tuning run of the plugin gets (``finetuning_config``), the noise and KD defaults and
+their attachment to a provider, the layer-spec and precision settings, and the run folder. Each family module
+(``tiny``, ``smollm2``, ``hf_models``) states only what differs: its model, data, tokenizer and sizes.
 
 The module's top imports no torch and no Megatron (``import nemo_noise_plugin.recipes`` stays cheap); every function
 imports what it builds with.
