@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from nemo_noise_plugin.utils import deepcopy_module_with_process_groups, freeze_module, should_attach_noise
+from tests.support.gloo_ranks import run_on_gloo_ranks
 from tests.support.models import build_tiny_gpt
-from tests.support.multiprocess import run_on_gloo_ranks
 
 
 def test_plain_deepcopy_of_a_megatron_model_fails_on_its_process_groups(megatron_cpu):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.support.multiprocess import run_on_gloo_ranks
+from tests.support.gloo_ranks import run_on_gloo_ranks
 
 GLOBAL_BATCH, SEQ = 4, 32
 

@@ -23,7 +23,7 @@ import time
 import pytest
 import torch
 
-from tests.support.multiprocess import run_on_gloo_ranks
+from tests.support.gloo_ranks import run_on_gloo_ranks
 
 pytestmark = pytest.mark.slow  # minutes on 2 cores: run by `make test` after the main suite
 

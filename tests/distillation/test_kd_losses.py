@@ -27,7 +27,7 @@ from nemo_noise_plugin.distillation import (
     token_cross_entropy,
     vocab_parallel_log_softmax,
 )
-from tests.support.multiprocess import run_on_gloo_ranks
+from tests.support.gloo_ranks import run_on_gloo_ranks
 
 BATCH, SEQ, VOCAB, HIDDEN = 3, 6, 16, 8
 TP = 2

@@ -16,7 +16,7 @@ from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from tests.support.multiprocess import run_on_gloo_ranks
+from tests.support.gloo_ranks import run_on_gloo_ranks
 
 SEQ, BATCH, HIDDEN, ITERATION = 16, 4, 64, 3
 TRUE_LENGTHS = (16, 12, 9, 5)

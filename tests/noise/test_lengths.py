@@ -11,7 +11,7 @@ from nemo_noise_plugin.noise.geometry import (
     lengths_from_padding_mask,
     zigzag_to_global,
 )
-from tests.support.multiprocess import run_on_gloo_ranks
+from tests.support.gloo_ranks import run_on_gloo_ranks
 
 
 def _zigzag_shard(full: torch.Tensor, cp_size: int, cp_rank: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from tests.support.multiprocess import run_on_gloo_ranks
+from tests.support.gloo_ranks import run_on_gloo_ranks
 
 HIDDEN = 64
 TRUE_LENGTHS = (5, 7, 3)

@@ -24,7 +24,7 @@ from nemo_noise_plugin.privacy.audit import (
     recovery_report,
     wilson_interval,
 )
-from tests.support.multiprocess import run_on_gloo_ranks
+from tests.support.gloo_ranks import run_on_gloo_ranks
 
 VOCAB, HIDDEN = 1000, 32
 

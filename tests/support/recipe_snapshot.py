@@ -8,10 +8,10 @@ the Llama/Qwen recipes read ``tests/support/hub_configs.py`` through an offline 
 config-only HF folder (``SMOLLM2_CONFIG``; the recipes read no weights when they build their config). The folders
 a run would write to (``dir``, the Bridge recipes' ``./nemo_experiments``) appear as ``<DIR>`` and ``<CWD>``.
 
-``tests/data/recipe_configs.json`` is what this wrote for the recipes as they were before issue 24 moved their
+``tests/recipes/recipe_configs.json`` is what this wrote for the recipes as they were before issue 24 moved their
 registration into decorators (commit 42e330f); regenerate it only for a deliberate change of a recipe::
 
-    PYTHONPATH=. python tests/support/recipe_snapshot.py tests/data/recipe_configs.json
+    PYTHONPATH=. python tests/support/recipe_snapshot.py tests/recipes/recipe_configs.json
 """
 
 from __future__ import annotations

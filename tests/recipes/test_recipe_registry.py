@@ -1,7 +1,7 @@
 """The recipe registry (issue 24): recipes registered by ``@register_recipe`` where they are defined, a cheap import
 of the registry, the old public names, and every recipe's ``ConfigContainer`` unchanged by the move.
 
-``tests/data/recipe_configs.json`` was written by ``tests/support/recipe_snapshot.py`` from the recipes before the
+``tests/recipes/recipe_configs.json`` was written by ``tests/support/recipe_snapshot.py`` from the recipes before the
 move (commit 42e330f: a central ``RECIPES`` dict of string paths, the ``ConfigContainer`` assembly written out in
 ``tiny.py`` and ``smollm2.py``); the test builds the same calls now and compares.
 """
@@ -20,8 +20,8 @@ import pytest
 from nemo_noise_plugin import recipes
 from nemo_noise_plugin.recipes import RECIPES, Recipe, recipe_function, register_recipe, registry
 
-REPO = Path(__file__).resolve().parents[1]
-SNAPSHOT = REPO / "tests" / "data" / "recipe_configs.json"
+REPO = Path(__file__).resolve().parents[2]
+SNAPSHOT = REPO / "tests" / "recipes" / "recipe_configs.json"
 
 FACTORIES = [
     "tiny_noise_sft",
@@ -137,7 +137,7 @@ def test_the_decorator_refuses_what_no_command_could_resolve(scratch_registry):
 
 
 def test_every_recipe_builds_the_config_it_built_before_the_registry_moved(tmp_path):
-    """Each registered recipe (and a few with arguments) as plain data, against ``tests/data/recipe_configs.json``."""
+    """Each registered recipe (and a few with arguments) as plain data, against the snapshot taken before."""
     out = tmp_path / "now.json"
     result = subprocess.run(
         [sys.executable, str(REPO / "tests" / "support" / "recipe_snapshot.py"), str(out), str(tmp_path / "work")],
