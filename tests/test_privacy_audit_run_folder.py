@@ -277,4 +277,7 @@ def test_the_command_reports_a_bad_argument_in_one_line_with_exit_status_2(tmp_p
         audit_command.cli_entrypoint._execute_simple(["model=tiny", "sweep=alpha:1", "tokens=0", "output_dir=o"], None)
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert error == ["Error: tokens=0 is invalid: expected a positive integer (>= 1)."]
+    assert error == [
+        "Error: tokens=0 is invalid: expected an integer >= 1 and <= 1000000 (a real audit needs far fewer; more "
+        "would only exhaust memory or time)."
+    ]
