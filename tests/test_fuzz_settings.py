@@ -6,7 +6,10 @@ huge and tiny values, strings with spaces and unicode and numpy scalars: every i
 the plugin derives from it works too) or raises the plugin's own error, a ``ValueError`` whose one-line message
 names the setting and says what is expected. Any other exception fails the test.
 
-Derandomised (``derandomize=True``) so CI sees the same examples on every run; about 20 s on 2 cores.
+Derandomised (``derandomize=True``) so CI sees the same examples on every run; about 20 s on 2 cores. Explicit
+``@example``s hold the values just past each documented bound (a KD temperature outside [1/80, 1e6], a noise
+magnitude or calibrated Gaussian-mechanism sigma that is not finite in float32), and what a valid config derives is
+checked against those bounds, so removing one of the checks fails a test.
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from nemo_noise_plugin.distillation.config import HIDDEN_LOSSES, KD_LOSSES, KD_TOKEN_SELECTIONS, KDConfig
+from nemo_noise_plugin.distillation.config import (
+    HIDDEN_LOSSES,
+    KD_LOSSES,
+    KD_TOKEN_SELECTIONS,
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    KDConfig,
+)
 from nemo_noise_plugin.noise.config import (
     CALIBRATIONS,
     MECHANISMS,
@@ -30,6 +40,7 @@ from nemo_noise_plugin.noise.config import (
     TOKEN_SELECTIONS,
     NoiseConfig,
 )
+from nemo_noise_plugin.validation import FLOAT32_MAX
 
 
 def _fuzz(examples: int) -> settings:
@@ -108,6 +119,9 @@ def _use_noise_config(config: NoiseConfig) -> None:
 
     config.validate()  # idempotent on a valid config
     assert isinstance(config.magnitude, float) and not math.isnan(config.magnitude)
+    assert config.magnitude <= FLOAT32_MAX, f"magnitude {config.magnitude!r} is inf in the float32 model"
+    if config.mechanism == "gaussian_mechanism":  # the calibrated level is a real noise the model can hold
+        assert 0.0 < config.dp_sigma <= FLOAT32_MAX, config.dp_sigma
     assert config.is_active_configuration in (True, False)
     assert config.silent_field is None or config.silent_field in NOISE_FIELDS
     for iteration in (0, 1, 10**6):
@@ -124,80 +138,81 @@ def _use_noise_config(config: NoiseConfig) -> None:
 def _use_kd_config(config: KDConfig) -> None:
     config.validate()
     assert isinstance(config.kd_scale, float) and not math.isnan(config.kd_scale)
+    # The documented range (distillation.config): outside it the softened softmax is one-hot or uniform in float32.
+    assert MIN_TEMPERATURE <= config.temperature <= MAX_TEMPERATURE, config.temperature
 
 
-@pytest.mark.parametrize("field", NOISE_FIELDS)
+USE = {NoiseConfig: _use_noise_config, KDConfig: _use_kd_config}
+"""Each config class and what the plugin derives from a valid one."""
+SINGLE_FIELDS = [
+    pytest.param(config_type, field, id=f"{config_type.__name__}.{field}")
+    for config_type in USE
+    for field in (f.name for f in dataclasses.fields(config_type))
+]
+BOUNDARY_VALUES = (2e6, 1e30, 1e-3, 1e39, 1e300)
+"""Values just past a documented bound of some field (KD temperature in [1/80, 1e6]; a noise magnitude that must
+be finite in float32, <= 3.4e38): each single-field test tries them on every field."""
+
+
+def _works_or_is_refused_by_name(config_type: type, values: dict, *, assigned: bool) -> None:
+    """Build ``config_type`` from ``values`` (or assign them to a default one and validate it where work starts):
+    it works, and then everything derived from it works too, or it is refused by the plugin's error naming one of
+    the fields."""
+    owner = config_type.__name__
+    if len(values) == 1:  # the field itself
+        names = (*(f"{owner}.{name}" for name in values), *values)
+    else:  # any of the fields (a combination may be refused for another field's sake)
+        names = tuple(f"{owner}.{field.name}" for field in dataclasses.fields(config_type))
+    try:
+        if assigned:
+            config = config_type()
+            for name, value in values.items():
+                setattr(config, name, value)
+            config.validate()
+        else:
+            config = config_type(**values)
+    except ValueError as error:
+        _rejects_clearly(error, names)
+        return
+    USE[config_type](config)
+
+
+@pytest.mark.parametrize("assigned", [False, True], ids=["at_construction", "assigned_after"])
+@pytest.mark.parametrize(("config_type", "field"), SINGLE_FIELDS)
 @FUZZ
 @given(value=WILD)
-def test_any_single_noise_field_works_or_is_refused_by_name(field, value):
-    try:
-        config = NoiseConfig(**{field: value})
-    except ValueError as error:
-        _rejects_clearly(error, (f"NoiseConfig.{field}", field))
-        return
-    _use_noise_config(config)
+@example(value=BOUNDARY_VALUES[0])
+@example(value=BOUNDARY_VALUES[1])
+@example(value=BOUNDARY_VALUES[2])
+@example(value=BOUNDARY_VALUES[3])
+@example(value=BOUNDARY_VALUES[4])
+def test_any_single_field_works_or_is_refused_by_name(config_type, field, assigned, value):
+    """At construction, and assigned afterwards (refused where work starts: ``validate``)."""
+    _works_or_is_refused_by_name(config_type, {field: value}, assigned=assigned)
+
+
+def _field_combinations(config_type: type):
+    return st.dictionaries(
+        st.sampled_from([f.name for f in dataclasses.fields(config_type)]), WILD, min_size=2, max_size=5
+    )
 
 
 @FUZZ_MIXED
-@given(values=st.dictionaries(st.sampled_from(NOISE_FIELDS), WILD, min_size=2, max_size=5))
+@given(values=_field_combinations(NoiseConfig))
+# Gaussian-mechanism budgets no finite float32 sigma calibrates to (sigma ~ clip_norm / epsilon): refused.
+@example(values={"mechanism": "gaussian_mechanism", "clip_norm": 1e38, "epsilon": 1.0})
+@example(values={"mechanism": "gaussian_mechanism", "clip_norm": 1e36, "epsilon": 1e-3})
+@example(values={"mechanism": "gaussian_mechanism", "clip_norm": 1.0, "epsilon": 5e-324})  # no finite sigma at all
 def test_any_combination_of_noise_fields_works_or_is_refused_by_name(values):
-    try:
-        config = NoiseConfig(**values)
-    except ValueError as error:
-        _rejects_clearly(error, tuple(f"NoiseConfig.{name}" for name in NOISE_FIELDS))
-        return
-    _use_noise_config(config)
-
-
-@pytest.mark.parametrize("field", NOISE_FIELDS)
-@FUZZ
-@given(value=WILD)
-def test_a_noise_field_assigned_after_construction_is_refused_by_name_where_work_starts(field, value):
-    config = NoiseConfig()
-    setattr(config, field, value)
-    try:
-        config.validate()
-    except ValueError as error:
-        _rejects_clearly(error, (f"NoiseConfig.{field}", field))
-        return
-    _use_noise_config(config)
-
-
-@pytest.mark.parametrize("field", KD_FIELDS)
-@FUZZ
-@given(value=WILD)
-def test_any_single_kd_field_works_or_is_refused_by_name(field, value):
-    try:
-        config = KDConfig(**{field: value})
-    except ValueError as error:
-        _rejects_clearly(error, (f"KDConfig.{field}", field))
-        return
-    _use_kd_config(config)
+    _works_or_is_refused_by_name(NoiseConfig, values, assigned=False)
 
 
 @FUZZ_MIXED
-@given(values=st.dictionaries(st.sampled_from(KD_FIELDS), WILD, min_size=2, max_size=5))
+@given(values=_field_combinations(KDConfig))
+@example(values={"temperature": 1e7, "ce_weight": 0.0})
+@example(values={"temperature": 1 / 100, "kd_weight": 2.0})
 def test_any_combination_of_kd_fields_works_or_is_refused_by_name(values):
-    try:
-        config = KDConfig(**values)
-    except ValueError as error:
-        _rejects_clearly(error, tuple(f"KDConfig.{name}" for name in KD_FIELDS))
-        return
-    _use_kd_config(config)
-
-
-@pytest.mark.parametrize("field", KD_FIELDS)
-@FUZZ
-@given(value=WILD)
-def test_a_kd_field_assigned_after_construction_is_refused_by_name_where_work_starts(field, value):
-    config = KDConfig()
-    setattr(config, field, value)
-    try:
-        config.validate()
-    except ValueError as error:
-        _rejects_clearly(error, (f"KDConfig.{field}", field))
-        return
-    _use_kd_config(config)
+    _works_or_is_refused_by_name(KDConfig, values, assigned=False)
 
 
 LEDGER_SETTINGS = ("sequence_length", "epochs", "delta", "hidden_size")
@@ -284,6 +299,8 @@ def distillation_config(megatron_cpu):
 
 @_fuzz(100)
 @given(field=st.sampled_from((*(f"noise.{n}" for n in NOISE_FIELDS), *(f"kd.{n}" for n in KD_FIELDS))), value=WILD)
+@example(field="kd.temperature", value=1e7)
+@example(field="noise.alpha", value=1e300)
 def test_command_line_overrides_work_or_are_refused_by_name(distillation_config, field, value):
     """``nemo llm finetune ... model.noise.alpha=<text>``: Bridge's Hydra path plus the plugin's checks."""
     from nemo_noise_plugin.training.overrides import apply_overrides, validate_plugin_settings

@@ -136,8 +136,31 @@ AUDIT_SETTINGS: dict[str, type] = {
 }
 """The audit's own ``key=value`` arguments; every other key is a ``NoiseConfig`` field override."""
 AUDIT_DEFAULTS: dict[str, Any] = {"config": None, "tokens": 2000, "attacks": "nn_l2,nn_cosine", "max_length": 64}
-AUDIT_COUNTS = ("tokens", "max_length", "task_sequences", "epochs", "vocab_chunk", "query_chunk", "neighbour_sample")
-"""The audit's settings that are counts: integers >= 1."""
+AUDIT_COUNT_LIMITS: dict[str, int] = {
+    "tokens": 1_000_000,
+    "max_length": 8192,
+    "task_sequences": 10_000,
+    "epochs": 10_000,
+    "vocab_chunk": 262_144,
+    "query_chunk": 16_384,
+    "neighbour_sample": 1_000_000,
+}
+"""The audit's counts (integers >= 1) and the largest each may be, far past what a real audit needs, so that a typo
+(``tokens=10**12``) is refused in one line instead of exhausting memory or running for days:
+
+- ``tokens`` <= 10**6: the audited tokens, each noised and searched against the whole vocabulary (the default
+  2,000 already gives recovery rates to about +-2%); a million tokens of SmolLM2's 576-wide table is 2.3 GB;
+- ``max_length`` <= 8192: tokens per audited sequence, SmolLM2's context length (the tiny GPT's is shorter);
+- ``task_sequences`` <= 10,000: held-out sequences for the task loss, more than the shipped validation split;
+- ``epochs`` <= 10,000: passes over each sequence, for the ledger's composition;
+- ``vocab_chunk`` <= 2**18 (262,144): table rows per search chunk, more than any vocabulary the plugin supports
+  (a larger chunk is the whole table);
+- ``query_chunk`` <= 2**14 (16,384): noised tokens per search chunk; the chunk's distances are
+  ``query_chunk * vocab_chunk`` floats (the defaults 1024 * 4096 are 16 MiB);
+- ``neighbour_sample`` <= 10**6: rows that estimate the median neighbour distance, past any vocabulary.
+"""
+AUDIT_COUNTS = tuple(AUDIT_COUNT_LIMITS)
+"""The audit's settings that are counts: integers in ``[1, AUDIT_COUNT_LIMITS[name]]``."""
 
 
 def check_writable_folder(path: str, setting: str) -> None:
@@ -165,9 +188,9 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     writes nothing."""
     from nemo_noise_plugin.jobs.reports.audit_targets import MODELS, check_audit_data, check_hf_dir, read_run_folder
     from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
-    from nemo_noise_plugin.privacy.audit.checks import check_choice
     from nemo_noise_plugin.privacy.audit.run import ATTACKS
     from nemo_noise_plugin.privacy.audit.sweep import Sweep, parse_sweeps
+    from nemo_noise_plugin.validation import check_choice, check_int
 
     values = parse_key_values(arguments)
     fields = [field.name for field in dataclasses.fields(NoiseConfig)]
@@ -189,9 +212,15 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
         value = settings.get(key)
         if value is not None and not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
             raise ValueError(f"{key}={value!r} is invalid: expected a {kind.__name__}.")
-    for key in AUDIT_COUNTS:
-        if settings.get(key) is not None and settings[key] < 1:
-            raise ValueError(f"{key}={settings[key]!r} is invalid: expected a positive integer (>= 1).")
+    for key, limit in AUDIT_COUNT_LIMITS.items():
+        if settings.get(key) is not None:
+            check_int(
+                key,
+                settings[key],
+                minimum=1,
+                maximum=limit,
+                why=" (a real audit needs far fewer; more would only exhaust memory or time)",
+            )
     device = settings.get("device", "cpu")
     if device != "cpu" and device.split(":")[0] != "cuda":
         raise ValueError(f"device={device!r} is invalid: expected cpu or cuda (or cuda:N).")
@@ -282,7 +311,9 @@ def audit(arguments: Optional[list[str]] = None) -> None:  # noqa: UP045
     task_loss (false skips the task loss and exact match), hf_dir (with model=smollm2: audit this HF folder instead
     of the pretrained model), device (cpu or cuda), epochs (for the ledger), vocab_chunk, query_chunk,
     neighbour_sample (rows that estimate the median neighbour distance; default all); any other key overrides that
-    NoiseConfig field (e.g. clip_norm=1). The report states how many tokens and distinct ids were audited and from
+    NoiseConfig field (e.g. clip_norm=1). Counts are integers >= 1 and at most: tokens 10**6, max_length 8192,
+    task_sequences and epochs 10,000, vocab_chunk 262,144, query_chunk 16,384, neighbour_sample 10**6
+    (AUDIT_COUNT_LIMITS). The report states how many tokens and distinct ids were audited and from
     where. Bad arguments are reported in one line (exit 2) before any model is loaded.
     """
     run_audit(arguments or [])

@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
-from nemo_noise_plugin.validation import check_bool, check_choice, check_number
+from nemo_noise_plugin.validation import (
+    SettingError,
+    ValidatedSettings,
+    check_bool,
+    check_choice,
+    check_int,
+    check_number,
+)
 
 KDLossKind = Literal["forward_kl", "reverse_kl", "jsd"]
 KDTokens = Literal["all", "response"]
@@ -32,7 +39,7 @@ rounding error."""
 
 
 @dataclass
-class KDConfig:
+class KDConfig(ValidatedSettings):
     """Knowledge-distillation settings for a noisy student and a frozen clean teacher, validated on construction.
 
     The training loss is ``ce_weight * CE + kd_weight * s * KD + hidden_weight * H`` where each term is a mean over
@@ -74,12 +81,18 @@ class KDConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Check every field as it is now; ``ValueError`` naming the field, the value and what is allowed.
+        """Check every field as it is now; ``SettingError`` (a ``ValueError``) naming the field, the value and what
+        is allowed.
 
         Runs on construction, and again from ``NoisyDistillationProvider.finalize`` (which Bridge's
         ``ConfigContainer.validate`` calls) and the launch, because an assignment after construction
-        (``config.temperature = 0``) does not run ``__post_init__``. Normalises ``hidden_layers`` to a list.
+        (``config.temperature = 0``) does not run ``__post_init__``; the checks themselves (``_check``) run once per
+        distinct field values (``validation.ValidatedSettings``), so an unchanged config is checked once per build.
+        Normalises ``hidden_layers`` to a list.
         """
+        super().validate()
+
+    def _check(self) -> None:
         check_choice(_FIELD + "loss", self.loss, KD_LOSSES)
         check_choice(_FIELD + "tokens", self.tokens, KD_TOKEN_SELECTIONS)
         check_choice(_FIELD + "hidden_loss", self.hidden_loss, HIDDEN_LOSSES)
@@ -87,23 +100,26 @@ class KDConfig:
             check_bool(_FIELD + name, getattr(self, name))
         check_number(_FIELD + "jsd_beta", self.jsd_beta, minimum=0.0, maximum=1.0, inclusive=False)
         check_number(_FIELD + "temperature", self.temperature, minimum=0.0, inclusive=False)
-        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"KDConfig.temperature={self.temperature!r} is invalid: expected a number in "
-                f"[{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]: below {MIN_TEMPERATURE:g} the softened softmax is "
-                f"one-hot in float32 and, scaled by T^2, the KD term vanishes (CE alone would train); above "
-                f"{MAX_TEMPERATURE:g} both distributions are uniform to float32."
-            )
+        check_number(
+            _FIELD + "temperature",
+            self.temperature,
+            minimum=MIN_TEMPERATURE,
+            maximum=MAX_TEMPERATURE,
+            why=f": below {MIN_TEMPERATURE:g} the softened softmax is one-hot in float32 and, scaled by T^2, the KD "
+            f"term vanishes (CE alone would train); above {MAX_TEMPERATURE:g} both distributions are uniform to "
+            "float32",
+        )
         for name in ("kd_weight", "ce_weight", "hidden_weight"):
             check_number(_FIELD + name, getattr(self, name), minimum=0.0)
-        top_k = self.top_k
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise ValueError(f"KDConfig.top_k={self.top_k!r} is invalid: expected an integer >= 1 or null.")
+        if self.top_k is not None:
+            check_int(_FIELD + "top_k", self.top_k, minimum=1, optional=True)
         self._check_hidden()
         if self.enabled and self.ce_weight == 0 and self.kd_weight == 0 and self.hidden_weight == 0:
-            raise ValueError(
-                "KDConfig.kd_weight=0 is invalid with ce_weight=0 and hidden_weight=0: expected at least one "
-                "positive weight (or enabled=false)."
+            raise SettingError(
+                _FIELD + "kd_weight",
+                0,
+                "at least one positive weight (or enabled=false)",
+                context=" with ce_weight=0 and hidden_weight=0",
             )
 
     def _check_hidden(self) -> None:
@@ -112,20 +128,21 @@ class KDConfig:
             not isinstance(index, bool) and isinstance(index, int) and index >= 0 for index in layers
         )
         if not valid or len(set(layers)) != len(layers):
-            raise ValueError(
-                f"KDConfig.hidden_layers={layers!r} is invalid: expected a list of distinct layer indices >= 0."
-            )
+            raise SettingError(_FIELD + "hidden_layers", layers, "a list of distinct layer indices >= 0")
         self.hidden_layers = list(layers)
         if self.hidden_loss == "none" and (self.hidden_weight > 0 or self.hidden_layers):
-            raise ValueError(
-                f"KDConfig.hidden_loss='none' is invalid with hidden_weight={self.hidden_weight!r} and "
-                f"hidden_layers={self.hidden_layers!r}: expected hidden_loss 'mse' or 'cosine' (or weight 0 and "
-                "no layers)."
+            raise SettingError(
+                _FIELD + "hidden_loss",
+                "none",
+                "hidden_loss 'mse' or 'cosine' (or weight 0 and no layers)",
+                context=f" with hidden_weight={self.hidden_weight!r} and hidden_layers={self.hidden_layers!r}",
             )
         if self.hidden_loss != "none" and not self.hidden_layers:
-            raise ValueError(
-                f"KDConfig.hidden_layers=[] is invalid with hidden_loss={self.hidden_loss!r}: expected at least one "
-                "layer index."
+            raise SettingError(
+                _FIELD + "hidden_layers",
+                [],
+                "at least one layer index",
+                context=f" with hidden_loss={self.hidden_loss!r}",
             )
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from nemo_noise_plugin.validation import check_number, is_finite_number
+from nemo_noise_plugin.validation import check_number
 
 _SQRT2 = math.sqrt(2.0)
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -27,15 +27,15 @@ def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) -
 
     The theorem holds only for ``0 < epsilon < 1``; ``analytic_gaussian_sigma`` is exact and valid for any epsilon.
     """
-    _check_open(
+    check_open(
         "classical_gaussian_sigma",
         "epsilon",
         epsilon,
         0.0,
         1.0,
-        hint=" (Dwork & Roth, Theorem A.1); use analytic_gaussian_sigma for epsilon >= 1",
+        why=" (Dwork & Roth, Theorem A.1); use analytic_gaussian_sigma for epsilon >= 1",
     )
-    _check_open("classical_gaussian_sigma", "delta", delta, 0.0, 1.0)
+    check_open("classical_gaussian_sigma", "delta", delta, 0.0, 1.0)
     check_positive("classical_gaussian_sigma", "sensitivity", sensitivity)
     return sensitivity * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
@@ -48,7 +48,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float) ->
     of the final bracket, so ``gaussian_mechanism_delta(result) <= delta`` always holds.
     """
     check_positive("analytic_gaussian_sigma", "epsilon", epsilon)
-    _check_open("analytic_gaussian_sigma", "delta", delta, 0.0, 1.0)
+    check_open("analytic_gaussian_sigma", "delta", delta, 0.0, 1.0)
     check_positive("analytic_gaussian_sigma", "sensitivity", sensitivity)
     return _smallest_satisfying(
         lambda sigma: _log_gaussian_delta(sigma, epsilon, sensitivity) <= math.log(delta),
@@ -75,7 +75,7 @@ def gaussian_mechanism_epsilon(sigma: float, delta: float, sensitivity: float) -
     returned); 0 when the mechanism is already (0, delta)-DP.
     """
     check_positive("gaussian_mechanism_epsilon", "sigma", sigma)
-    _check_open("gaussian_mechanism_epsilon", "delta", delta, 0.0, 1.0)
+    check_open("gaussian_mechanism_epsilon", "delta", delta, 0.0, 1.0)
     check_positive("gaussian_mechanism_epsilon", "sensitivity", sensitivity)
     if _log_gaussian_delta(sigma, 0.0, sensitivity) <= math.log(delta):
         return 0.0
@@ -136,15 +136,15 @@ def _smallest_satisfying(holds, *, start: float) -> float:
 
 
 def check_positive(function: str, name: str, value: float) -> None:
-    """Raise ``ValueError`` unless the argument ``name`` of ``function`` is a finite number > 0."""
+    """``SettingError`` unless the argument ``name`` of ``function`` is a finite number > 0."""
     check_number(f"{function}: {name}", value, minimum=0.0, inclusive=False)
 
 
 def check_non_negative(function: str, name: str, value: float) -> None:
-    """Raise ``ValueError`` unless the argument ``name`` of ``function`` is a finite number >= 0."""
+    """``SettingError`` unless the argument ``name`` of ``function`` is a finite number >= 0."""
     check_number(f"{function}: {name}", value, minimum=0.0)
 
 
-def _check_open(function: str, name: str, value: float, low: float, high: float, *, hint: str = "") -> None:
-    if not is_finite_number(value) or not low < value < high:
-        raise ValueError(f"{function}: {name}={value!r} is invalid: expected {low:g} < {name} < {high:g}{hint}.")
+def check_open(function: str, name: str, value: float, low: float, high: float, *, why: str = "") -> None:
+    """``SettingError`` unless the argument ``name`` of ``function`` is a finite number in ``(low, high)``."""
+    check_number(f"{function}: {name}", value, minimum=low, maximum=high, inclusive=False, why=why)

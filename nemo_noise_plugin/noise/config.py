@@ -8,7 +8,15 @@ from typing import Any, Literal
 
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
-from nemo_noise_plugin.validation import check_bool, check_choice, check_int, check_number
+from nemo_noise_plugin.validation import (
+    SettingError,
+    ValidatedSettings,
+    check_bool,
+    check_choice,
+    check_float32,
+    check_int,
+    check_number,
+)
 
 NoiseMechanism = Literal[
     "uniform", "gaussian", "metric_dp", "gaussian_mechanism", "quantization", "relative", "laplace"
@@ -36,7 +44,7 @@ _FIELD = "NoiseConfig."
 
 
 @dataclass
-class NoiseConfig:
+class NoiseConfig(ValidatedSettings):
     """Embedding-noise settings, validated on construction.
 
     Noise ``z`` is added to each selected token's embedding ``x`` (``d`` = hidden size, ``f(t)`` = schedule factor):
@@ -117,13 +125,18 @@ class NoiseConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Check every field as it is now; ``ValueError`` naming the field, the value and what is allowed.
+        """Check every field as it is now; ``SettingError`` (a ``ValueError``) naming the field, the value and what
+        is allowed.
 
         Runs on construction, and again wherever a config can start work (a provider's ``finalize``, which Bridge's
         ``ConfigContainer.validate`` calls; ``make_noisy``; the privacy ledger and audit), because an assignment
-        after construction (``config.alpha = -1``) does not run ``__post_init__``. Normalises
-        ``special_token_ids`` to a list.
+        after construction (``config.alpha = -1``) does not run ``__post_init__``; the checks themselves
+        (``_check``) run once per distinct field values (``validation.ValidatedSettings``), so an unchanged config
+        is checked once per build. Normalises ``special_token_ids`` to a list.
         """
+        super().validate()
+
+    def _check(self) -> None:
         check_choice(_FIELD + "mechanism", self.mechanism, MECHANISMS)
         check_choice(_FIELD + "scaling", self.scaling, SCALINGS)
         check_choice(_FIELD + "tokens", self.tokens, TOKEN_SELECTIONS)
@@ -133,63 +146,79 @@ class NoiseConfig:
             check_bool(_FIELD + name, getattr(self, name))
         for name in _NON_NEGATIVE_MAGNITUDES:
             check_number(_FIELD + name, getattr(self, name), minimum=0.0)
+            check_float32(_FIELD + name, getattr(self, name))
         check_number(_FIELD + "eta", self.eta, minimum=0.0, inclusive=False)
+        check_float32(_FIELD + "eta", self.eta, what="eta")
         check_number(_FIELD + "delta", self.delta, minimum=0.0, maximum=1.0, inclusive=False)
         check_number(_FIELD + "min_factor", self.min_factor, minimum=0.0, maximum=1.0)
         self._check_embedding_distance()
         if self.clip_norm is not None:
             check_number(_FIELD + "clip_norm", self.clip_norm, minimum=0.0, inclusive=False, optional=True)
+            check_float32(_FIELD + "clip_norm", self.clip_norm, what="the clipped embedding norm")
         if self.epsilon is not None:
             check_number(_FIELD + "epsilon", self.epsilon, minimum=0.0, inclusive=False, optional=True)
+            check_float32(_FIELD + "epsilon", self.epsilon, what="epsilon")
         check_int(_FIELD + "seed", self.seed, maximum=2**32 - 1)
         check_int(_FIELD + "warmup_steps", self.warmup_steps)
         check_int(_FIELD + "decay_steps", self.decay_steps)
         if not isinstance(self.special_token_ids, (list, tuple)):
-            raise ValueError(
-                f"NoiseConfig.special_token_ids={self.special_token_ids!r} is invalid: expected a list of integer "
-                "token ids >= 0, e.g. [0, 2]."
+            raise SettingError(
+                _FIELD + "special_token_ids", self.special_token_ids, "a list of integer token ids >= 0, e.g. [0, 2]"
             )
         self.special_token_ids = list(self.special_token_ids)
         for token_id in self.special_token_ids:
             if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < 2**63:
-                raise ValueError(
-                    f"NoiseConfig.special_token_ids={self.special_token_ids!r} is invalid: "
-                    "expected a list of integer token ids >= 0 (and < 2**63: token ids are int64 tensors)."
+                raise SettingError(
+                    _FIELD + "special_token_ids",
+                    self.special_token_ids,
+                    "a list of integer token ids >= 0 (and < 2**63: token ids are int64 tensors)",
                 )
         self._check_schedule()
         self._check_privacy_mechanism()
 
     def _check_schedule(self) -> None:
         if self.schedule != "constant" and self.decay_steps == 0:
-            raise ValueError(
-                f"NoiseConfig.decay_steps=0 is invalid with schedule={self.schedule!r}: "
-                "expected decay_steps >= 1 (or schedule='constant')."
+            raise SettingError(
+                _FIELD + "decay_steps",
+                0,
+                "decay_steps >= 1 (or schedule='constant')",
+                context=f" with schedule={self.schedule!r}",
             )
         if noise_family(self.mechanism).privacy_mechanism and (self.schedule != "constant" or self.warmup_steps):
-            raise ValueError(
-                f"NoiseConfig.schedule={self.schedule!r} (warmup_steps={self.warmup_steps}) is invalid with "
-                f"mechanism={self.mechanism!r}: a privacy mechanism is calibrated once, so it needs "
-                "schedule='constant' and warmup_steps=0."
+            scheduled = self.schedule != "constant"
+            raise SettingError(
+                _FIELD + ("schedule" if scheduled else "warmup_steps"),
+                self.schedule if scheduled else self.warmup_steps,
+                "schedule='constant' and warmup_steps=0",
+                context=(f" with warmup_steps={self.warmup_steps} and" if scheduled else " with")
+                + f" mechanism={self.mechanism!r}",
+                why=" (a privacy mechanism is calibrated once)",
             )
 
     def _check_embedding_distance(self) -> None:
         check_number(_FIELD + "distance_multiple", self.distance_multiple, minimum=0.0)
+        check_float32(_FIELD + "distance_multiple", self.distance_multiple)
         if self.embedding_distance is not None:
             check_number(
                 _FIELD + "embedding_distance", self.embedding_distance, minimum=0.0, inclusive=False, optional=True
             )
+            check_float32(_FIELD + "embedding_distance", self.embedding_distance)
         if self.scaling == "embedding_distance" and not noise_family(self.mechanism).length_scaled:
-            raise ValueError(
-                f"NoiseConfig.scaling='embedding_distance' is invalid with mechanism={self.mechanism!r}: expected "
-                f"mechanism in {', '.join(LENGTH_SCALED_MECHANISMS)} (the others size their noise themselves)."
+            raise SettingError(
+                _FIELD + "scaling",
+                "embedding_distance",
+                f"mechanism in {', '.join(LENGTH_SCALED_MECHANISMS)} (the others size their noise themselves)",
+                context=f" with mechanism={self.mechanism!r}",
             )
 
     def _check_privacy_mechanism(self) -> None:
         family = noise_family(self.mechanism)
         if family.clip == "required" and self.clip_norm is None:
-            raise ValueError(
-                f"NoiseConfig.clip_norm=None is invalid with mechanism={self.mechanism!r}: expected the per-token "
-                "norm bound C > 0 (embeddings are clipped to it; the sensitivity is 2C)."
+            raise SettingError(
+                _FIELD + "clip_norm",
+                None,
+                "the per-token norm bound C > 0 (embeddings are clipped to it; the sensitivity is 2C)",
+                context=f" with mechanism={self.mechanism!r}",
             )
         if family.check is not None:
             family.check(self)

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from nemo_noise_plugin.validation import FLOAT32_MAX, SettingError
+
 if TYPE_CHECKING:
     import torch
 
@@ -176,25 +178,32 @@ def length_factor(
 
 def _check_gaussian_mechanism(config: Any) -> None:
     if config.epsilon is None:
-        raise ValueError(
-            "NoiseConfig.epsilon=None is invalid with mechanism='gaussian_mechanism': expected the per-token "
-            "privacy budget epsilon > 0 that calibrates sigma."
+        raise SettingError(
+            "NoiseConfig.epsilon",
+            None,
+            "the per-token privacy budget epsilon > 0 that calibrates sigma",
+            context=" with mechanism='gaussian_mechanism'",
         )
     if config.calibration == "classical" and config.epsilon >= 1.0:
-        raise ValueError(
-            f"NoiseConfig.epsilon={config.epsilon!r} is invalid with calibration='classical': the classical "
-            "Gaussian mechanism holds only for epsilon < 1; use calibration='analytic' for larger epsilon."
+        raise SettingError(
+            "NoiseConfig.epsilon",
+            config.epsilon,
+            "epsilon < 1, or calibration='analytic' for larger epsilon",
+            context=" with calibration='classical'",
+            why=": the classical Gaussian mechanism holds only for epsilon < 1 (Dwork & Roth, Theorem A.1)",
         )
     try:  # calibrated once here, so a budget no finite sigma meets is refused before any model is built
         sigma = config.dp_sigma
     except ArithmeticError:  # the calibration's own failure, an overflow or a division by zero
         sigma = math.nan
-    if not (math.isfinite(sigma) and sigma > 0):
-        raise ValueError(
-            f"NoiseConfig.epsilon={config.epsilon!r} is invalid with mechanism='gaussian_mechanism', "
-            f"clip_norm={config.clip_norm!r} and delta={config.delta!r}: no finite noise level sigma > 0 calibrates "
-            "to it in double precision (sigma scales with clip_norm / epsilon); expected epsilon and clip_norm between "
-            "1e-10 and 1e10."
+    if not (math.isfinite(sigma) and 0 < sigma <= FLOAT32_MAX):
+        raise SettingError(
+            "NoiseConfig.epsilon",
+            config.epsilon,
+            "epsilon and clip_norm between 1e-10 and 1e10",
+            context=f" with mechanism='gaussian_mechanism', clip_norm={config.clip_norm!r} and delta={config.delta!r}",
+            why=f": no noise level sigma > 0 calibrates to it that is finite in float32 (<= {FLOAT32_MAX:g}; "
+            f"sigma scales with clip_norm / epsilon; calibrated: {sigma!r})",
         )
 
 

@@ -39,6 +39,7 @@ from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import LocalLayout, NoiseBatchInputs, TokenGeometry
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.schedule import NoiseClock
+from nemo_noise_plugin.validation import check_int
 
 __all__ = ["EmbeddingNoiseHook", "inference_noise", "noised_inputs_embeds"]
 
@@ -151,7 +152,7 @@ def noised_inputs_embeds(
     _check_input_ids(input_ids, embedding)
     real = _check_mask("attention_mask", attention_mask, input_ids)
     _check_mask("loss_mask", loss_mask, input_ids)
-    _check_int("iteration", iteration, maximum=_MAX_UINT32)
+    check_int("iteration", iteration, maximum=_MAX_UINT32)
     first_position = _first_positions(position_offset, input_ids)
     resumes = bool((first_position > 0).any())
     family = noise_family(noise_config.mechanism)
@@ -243,7 +244,7 @@ class EmbeddingNoiseHook:
 
     def __init__(self, noise_config: NoiseConfig, *, iteration: int = 0) -> None:
         _check_noise_config(noise_config)
-        _check_int("iteration", iteration, maximum=_MAX_UINT32)
+        check_int("iteration", iteration, maximum=_MAX_UINT32)
         family = noise_family(noise_config.mechanism)
         if family.length_scaled and noise_config.scaling in _LENGTH_DEPENDENT_SCALINGS:
             raise ValueError(
@@ -407,13 +408,6 @@ def _check_noise_config(noise_config: object) -> None:
         )
 
 
-def _check_int(name: str, value: object, *, maximum: int | None = None) -> None:
-    valid = not isinstance(value, bool) and isinstance(value, int) and value >= 0
-    if not valid or (maximum is not None and value > maximum):
-        limit = f" and <= {maximum}" if maximum is not None else ""
-        raise ValueError(f"{name}={value!r} is invalid: expected an integer >= 0{limit}.")
-
-
 def _check_input_ids(input_ids: object, embedding: torch.nn.Module) -> None:
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
         raise ValueError(f"input_ids has shape {_shape(input_ids)}: expected an integer [b, s] tensor of token ids.")
@@ -449,7 +443,7 @@ def _first_positions(position_offset: object, input_ids: torch.Tensor) -> torch.
                 "integer tensor of them (one per row)."
             )
         return position_offset.to(device="cpu", dtype=torch.int64)
-    _check_int("position_offset", position_offset)
+    check_int("position_offset", position_offset)
     return torch.full((batch,), position_offset, dtype=torch.int64)
 
 

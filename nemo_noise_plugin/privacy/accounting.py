@@ -16,8 +16,8 @@ import math
 from collections.abc import Iterable
 from typing import Literal
 
-from nemo_noise_plugin.noise.calibration import check_non_negative, check_positive
-from nemo_noise_plugin.validation import is_finite_number
+from nemo_noise_plugin.noise.calibration import check_non_negative, check_open, check_positive
+from nemo_noise_plugin.validation import check_choice, check_int
 
 ConversionMethod = Literal["optimal", "bun_steinke"]
 CONVERSION_METHODS: tuple[str, ...] = ("optimal", "bun_steinke")
@@ -60,8 +60,7 @@ def laplace_epsilon(scale: float, clip_norm: float, hidden_size: int) -> float:
     """
     check_positive("laplace_epsilon", "scale", scale)
     check_positive("laplace_epsilon", "clip_norm", clip_norm)
-    if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
-        raise ValueError(f"laplace_epsilon: hidden_size={hidden_size!r} is invalid: expected an integer >= 1.")
+    check_int("laplace_epsilon: hidden_size", hidden_size, minimum=1)
     return 2.0 * clip_norm * math.sqrt(hidden_size) / scale
 
 
@@ -73,11 +72,9 @@ def zcdp_to_dp_epsilon(rho: float, delta: float, method: ConversionMethod = "opt
       ``min over alpha > 1 of alpha rho + (ln(1/delta) + (alpha - 1) ln(1 - 1/alpha) - ln(alpha)) / (alpha - 1)``,
       minimised numerically over ``log(alpha - 1)`` (a grid, then golden-section search), clamped at 0.
     """
-    if method not in CONVERSION_METHODS:
-        raise ValueError(f"zcdp_to_dp_epsilon: method={method!r} is invalid: expected one of optimal, bun_steinke.")
+    check_choice("zcdp_to_dp_epsilon: method", method, CONVERSION_METHODS)
     check_non_negative("zcdp_to_dp_epsilon", "rho", rho)
-    if not is_finite_number(delta) or not 0.0 < delta < 1.0:
-        raise ValueError(f"zcdp_to_dp_epsilon: delta={delta!r} is invalid: expected 0 < delta < 1.")
+    check_open("zcdp_to_dp_epsilon", "delta", delta, 0.0, 1.0)
     if rho == 0.0:
         return 0.0
     log_inverse_delta = -math.log(delta)

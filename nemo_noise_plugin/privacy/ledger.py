@@ -23,6 +23,7 @@ from nemo_noise_plugin.privacy.accounting import (
     metric_dp_epsilon,
     zcdp_to_dp_epsilon,
 )
+from nemo_noise_plugin.validation import check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -127,8 +128,8 @@ def privacy_ledger(
     _check_count("epochs", epochs)
     if hidden_size is not None:
         _check_count("hidden_size", hidden_size)
-    if delta is not None and (isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0):
-        raise ValueError(f"privacy_ledger: delta={delta!r} is invalid: expected 0 < delta < 1 (or None).")
+    if delta is not None:
+        check_number("privacy_ledger: delta", delta, minimum=0.0, maximum=1.0, inclusive=False, optional=True)
     base = PrivacyLedger(
         mechanism=config.mechanism,
         enabled=config.enabled,
@@ -369,8 +370,10 @@ which holds every integer up to 2**53 exactly."""
 
 
 def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
-        raise ValueError(
-            f"privacy_ledger: {name}={value!r} is invalid: expected an integer >= 1 (and <= 2**53, the integers "
-            "double precision holds exactly)."
-        )
+    check_int(
+        f"privacy_ledger: {name}",
+        value,
+        minimum=1,
+        maximum=MAX_COUNT,
+        why=" (2**53, the integers double precision holds exactly)",
+    )

@@ -14,8 +14,9 @@ from typing import Any, TypeVar
 
 __all__ = ["RECIPES", "REPORTS", "Recipe", "recipe_function", "register_recipe"]
 
-REPORTS = ("task", "robustness")
-"""The reports a recipe may name: ``task`` (held-out exact match and the HF export, for instruction data) and
+REPORTS = ("task", "privacy_audit", "robustness")
+"""The reports a recipe may name: ``task`` (held-out exact match and the HF export, for instruction data),
+``privacy_audit`` (the embedding-inversion audit at each evaluation, ``<run>/privacy_audit/privacy_audit.jsonl``) and
 ``robustness`` (loss and KL under noise before and after training; it finishes the report folder). The jobs wing
 builds them (``jobs.reports.callbacks``); a recipe only names them."""
 

@@ -41,6 +41,8 @@ VALIDATED_CONFIG_TYPES: tuple[type, ...] = (NoiseConfig, KDConfig)
 _INSTANTIATION_KEYS = frozenset({"_target_", "_call_", "_args_", "_partial_", "_recursive_", "_convert_"})
 _FLOAT_TYPES = frozenset({"float", "float | None", float, float | None})
 _FIELD_LIST_LIMIT = 20
+_LARGEST_FLOAT_INT = int(1.7976931348623157e308)
+"""Ints up to this convert to float without overflow; a larger one is left to the config's check, which names it."""
 _MESSAGE_KEY = re.compile(r"^(?P<owner>\w+)(?:\.|: )(?P<field>\w+)=")
 
 
@@ -55,8 +57,10 @@ def apply_overrides(config: Any, overrides: list[str], *, config_filepath: str |
     to add, ``~key`` to delete, YAML merge), then guarantees what that path does not:
 
     - every key names a field: ``+train.itres=3`` or ``+model.noise.alpah=3`` raise (Bridge only logs a warning);
-    - ``NoiseConfig``/``KDConfig`` values are validated by constructing them anew (their ``__post_init__``),
-      ints are turned into floats for float fields, and the new objects replace the old ones;
+    - a ``NoiseConfig``/``KDConfig`` that the file or the overrides touch is validated by constructing it anew (its
+      ``__post_init__``, once, with ints turned into floats for float fields first), and the new object replaces
+      the old one; an untouched one stays as it is (checked again at the next gate only if it changed since its
+      last check: ``validation.ValidatedSettings``);
     - ``~key`` on a dataclass field restores the field's declared default (Bridge would keep the old value);
     - a ``NoisyDistillationProvider`` re-checks its distillation constraints (``validate_distillation``).
 
@@ -220,7 +224,12 @@ class _Plan:
             current = getattr(obj, name)
             key = _join(path, name)
             if isinstance(current, VALIDATED_CONFIG_TYPES):
-                self.replacements.append((obj, name, self._rebuild(type(current), value, key)))
+                # Untouched by the file and the overrides: the config stays as it is (checked once, at the next gate,
+                # only if it changed since its last check); otherwise rebuilt from its new fields, which checks them.
+                unchanged = isinstance(value, dict) and value == before.get(name)
+                self.replacements.append(
+                    (obj, name, current if unchanged else self._rebuild(type(current), value, key))
+                )
             elif isinstance(value, dict) and "_target_" not in value:
                 self.walk(current, before.get(name), value, key)
             elif name in before and value != before[name]:
@@ -238,15 +247,20 @@ class _Plan:
         for name in values:
             if name not in fields:
                 raise ConfigOverrideError(_unknown_key(config_type, _join(key, name), self.overrides))
+        floats = {  # ints given for float fields become floats before the check, so it runs once on final values
+            name: float(item)
+            for name, item in values.items()
+            if fields[name].type in _FLOAT_TYPES
+            and isinstance(item, int)
+            and not isinstance(item, bool)
+            and abs(item) <= _LARGEST_FLOAT_INT
+        }
         try:
-            rebuilt = config_type(**values)
+            return config_type(**{**values, **floats})
         except (TypeError, ValueError) as error:
-            message, _ = _name_key(str(error), {config_type.__name__: key})
-            raise ConfigOverrideError(message + touched) from error
-        for name, item in values.items():
-            if fields[name].type in _FLOAT_TYPES and isinstance(item, int) and not isinstance(item, bool):
-                setattr(rebuilt, name, float(item))
-        return rebuilt
+            written = _error_as_written(config_type, values) or error  # alpha=-1, not alpha=-1.0
+            message, _ = _name_key(str(written), {config_type.__name__: key})
+            raise ConfigOverrideError(message + touched) from written
 
     def _default(self, obj: Any, field: dataclasses.Field, key: str) -> Any:
         if field.default is not dataclasses.MISSING:
@@ -256,6 +270,15 @@ class _Plan:
         raise ConfigOverrideError(
             f"~{key} is invalid: {type(obj).__name__}.{field.name} has no default to restore; set a value instead."
         )
+
+
+def _error_as_written(config_type: type, values: dict) -> Exception | None:
+    """The error of building ``config_type`` from ``values`` as given (None if they build)."""
+    try:
+        config_type(**values)
+    except (TypeError, ValueError) as error:
+        return error
+    return None
 
 
 _SCALAR_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}

@@ -657,7 +657,7 @@ def test_forward_kl_matches_modelopt_at_tp2_except_top_k_gradient():
         ({"kd_weight": -1.0}, "KDConfig.kd_weight=-1.0 is invalid: expected a finite number >= 0"),
         ({"ce_weight": -0.5}, "KDConfig.ce_weight=-0.5 is invalid"),
         ({"hidden_weight": -1}, "KDConfig.hidden_weight=-1 is invalid"),
-        ({"top_k": 0}, "KDConfig.top_k=0 is invalid: expected an integer >= 1 or null"),
+        ({"top_k": 0}, "KDConfig.top_k=0 is invalid: expected an integer >= 1 (or null)"),
         ({"top_k": 2.5}, "KDConfig.top_k=2.5 is invalid"),
         ({"tokens": "prompt"}, "KDConfig.tokens='prompt' is invalid: expected one of all, response"),
         ({"hidden_loss": "l1"}, "KDConfig.hidden_loss='l1' is invalid: expected one of none, mse, cosine"),

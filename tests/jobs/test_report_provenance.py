@@ -288,3 +288,22 @@ def test_each_line_of_the_audit_callback_holds_the_provenance_without_the_config
     provenance = json.loads(line)["provenance"]
     assert provenance == compact_provenance(run_provenance(state.cfg, "tiny_chat"))
     assert "config" not in provenance and len(provenance["config_sha256"]) == 64
+
+
+@pytest.mark.parametrize("bridge_state", [None], indirect=True, ids=["unpacked"])
+def test_the_audit_callback_a_recipe_names_carries_the_recipe_in_its_provenance(bridge_state, tmp_path):
+    """``report_callbacks`` builds the privacy audit like the other reports: the run report's recipe reaches it."""
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.audit_targets import PrivacyAuditCallback
+    from nemo_noise_plugin.jobs.reports.callbacks import report_callbacks
+    from nemo_noise_plugin.jobs.reports.provenance import compact_provenance
+
+    state, model = bridge_state
+    (callback,) = report_callbacks(["privacy_audit"], state.cfg, RunReport(tmp_path, recipe="tiny_noise_sft"))
+    assert isinstance(callback, PrivacyAuditCallback) and callback.recipe == "tiny_noise_sft"
+    callback.held_out_count = 1
+    callback.on_eval_end(_context(state, model, {}))
+    (line,) = (tmp_path / "privacy_audit" / "privacy_audit.jsonl").read_text().splitlines()
+    provenance = json.loads(line)["provenance"]
+    assert provenance["recipe"] == "tiny_noise_sft"
+    assert provenance == compact_provenance(run_provenance(state.cfg, "tiny_noise_sft"))

@@ -149,10 +149,15 @@ def test_bad_values_in_a_yaml_preset_name_the_field(tmp_path):
         ),
         (
             dict(mechanism="metric_dp", schedule="linear", decay_steps=10),
-            "a privacy mechanism is calibrated once, so it needs schedule='constant' and warmup_steps=0",
+            "NoiseConfig.schedule='linear' is invalid with warmup_steps=0 and mechanism='metric_dp': expected "
+            "schedule='constant' and warmup_steps=0 (a privacy mechanism is calibrated once)",
         ),
-        (dict(mechanism="metric_dp", warmup_steps=5), "needs schedule='constant' and warmup_steps=0"),
-        (dict(mechanism="laplace", warmup_steps=5), "mechanism='laplace': a privacy mechanism is calibrated once"),
+        (dict(mechanism="metric_dp", warmup_steps=5), "expected schedule='constant' and warmup_steps=0"),
+        (
+            dict(mechanism="laplace", warmup_steps=5),
+            "NoiseConfig.warmup_steps=5 is invalid with mechanism='laplace': expected schedule='constant' and "
+            "warmup_steps=0 (a privacy mechanism is calibrated once)",
+        ),
         (
             dict(mechanism="laplace", scaling="embedding_distance"),
             "NoiseConfig.scaling='embedding_distance' is invalid with mechanism='laplace'",

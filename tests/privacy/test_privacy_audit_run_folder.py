@@ -230,8 +230,8 @@ def bad_argument_cases(tmp_path: Path, run_folder: Path) -> list[tuple[list[str]
     empty_run.mkdir()
     base = ["model=tiny", "sweep=alpha:1"]
     return [
-        ([*base, "tokens=0", "output_dir=o"], "tokens=0 is invalid: expected a positive integer"),
-        ([*base, "tokens=-5", "output_dir=o"], "tokens=-5 is invalid: expected a positive integer"),
+        ([*base, "tokens=0", "output_dir=o"], "tokens=0 is invalid: expected an integer >= 1 and <= 1000000"),
+        ([*base, "tokens=-5", "output_dir=o"], "tokens=-5 is invalid: expected an integer >= 1 and <= 1000000"),
         ([*base, "tokens=2.5", "output_dir=o"], "tokens=2.5 is invalid: expected a int"),
         ([*base, "max_length=0", "output_dir=o"], "max_length=0 is invalid"),
         ([*base, f"output_dir={a_file}"], "output_dir=.* is invalid: it is a file"),
@@ -277,4 +277,7 @@ def test_the_command_reports_a_bad_argument_in_one_line_with_exit_status_2(tmp_p
         audit_command.cli_entrypoint._execute_simple(["model=tiny", "sweep=alpha:1", "tokens=0", "output_dir=o"], None)
     assert exit_.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert error == ["Error: tokens=0 is invalid: expected a positive integer (>= 1)."]
+    assert error == [
+        "Error: tokens=0 is invalid: expected an integer >= 1 and <= 1000000 (a real audit needs far fewer; more "
+        "would only exhaust memory or time)."
+    ]

@@ -40,14 +40,15 @@ def test_classical_sigma_is_dwork_roth_theorem_a1():
 
 @pytest.mark.parametrize("epsilon", [1.0, 2.0, 0.0, -0.5])
 def test_classical_sigma_rejects_epsilon_outside_zero_one_naming_it(epsilon):
-    with pytest.raises(ValueError, match=rf"epsilon={epsilon!r} is invalid: expected 0 < epsilon < 1"):
+    expected = r"expected a finite number in \(0, 1\) \(Dwork & Roth"
+    with pytest.raises(ValueError, match=rf"epsilon={epsilon!r} is invalid: {expected}"):
         classical_gaussian_sigma(epsilon, 1e-5, 1.0)
 
 
 @pytest.mark.parametrize(
     ("function", "arguments", "message"),
     [
-        (analytic_gaussian_sigma, (1.0, 0.0, 1.0), r"delta=0.0 is invalid: expected 0 < delta < 1"),
+        (analytic_gaussian_sigma, (1.0, 0.0, 1.0), r"delta=0.0 is invalid: expected a finite number in \(0, 1\)"),
         (analytic_gaussian_sigma, (1.0, 1.5, 1.0), r"delta=1.5 is invalid"),
         (analytic_gaussian_sigma, (0.0, 1e-5, 1.0), r"epsilon=0.0 is invalid: expected a finite number > 0"),
         (analytic_gaussian_sigma, (1.0, 1e-5, -2.0), r"sensitivity=-2.0 is invalid"),
@@ -205,7 +206,7 @@ def test_exact_gaussian_epsilon_is_below_the_zcdp_conversion():
 def test_conversion_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"method='rdp' is invalid: expected one of optimal, bun_steinke"):
         zcdp_to_dp_epsilon(1.0, 1e-5, "rdp")
-    with pytest.raises(ValueError, match=r"delta=1.0 is invalid: expected 0 < delta < 1"):
+    with pytest.raises(ValueError, match=r"delta=1.0 is invalid: expected a finite number in \(0, 1\)"):
         zcdp_to_dp_epsilon(1.0, 1.0)
     with pytest.raises(ValueError, match=r"rho=-0.1 is invalid"):
         zcdp_to_dp_epsilon(-0.1, 1e-5)

@@ -155,7 +155,10 @@ def test_ledger_states_scope_and_coverage():
     [
         ({"sequence_length": 0}, r"sequence_length=0 is invalid: expected an integer >= 1"),
         ({"sequence_length": 8, "epochs": 0}, r"epochs=0 is invalid"),
-        ({"sequence_length": 8, "delta": 1.0}, r"delta=1.0 is invalid: expected 0 < delta < 1"),
+        (
+            {"sequence_length": 8, "delta": 1.0},
+            r"privacy_ledger: delta=1.0 is invalid: expected a finite number in \(0, 1\) \(or null\)",
+        ),
         ({"sequence_length": 8, "hidden_size": 2.5}, r"hidden_size=2.5 is invalid"),
     ],
 )

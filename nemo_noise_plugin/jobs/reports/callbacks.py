@@ -32,7 +32,14 @@ def _robustness_report(config: Any, run_report: RunReport, title: str, reference
     return RobustnessReport(config.model.noise, run_report, title, references)
 
 
-REPORT_BUILDERS = {"task": _task_report, "robustness": _robustness_report}
+def _privacy_audit(config: Any, run_report: RunReport, title: str, references: dict[str, Any]) -> Any:
+    from nemo_noise_plugin.jobs.reports.audit_targets import PrivacyAuditCallback
+
+    folder = run_report.reports.parent / "privacy_audit"
+    return PrivacyAuditCallback(config.model.noise, str(folder), recipe=run_report.recipe)
+
+
+REPORT_BUILDERS = {"task": _task_report, "privacy_audit": _privacy_audit, "robustness": _robustness_report}
 """Report name (``recipes.REPORTS``) -> ``builder(config, run_report, title, references)``, in the order the
 callbacks run: the robustness report finishes the report folder, so it comes last."""
 

@@ -8,8 +8,9 @@ from typing import Literal, NamedTuple
 import torch
 import torch.distributed as dist
 
-from nemo_noise_plugin.privacy.audit.checks import check_choice, check_int, check_number, check_search_args
+from nemo_noise_plugin.privacy.audit.checks import check_search_args
 from nemo_noise_plugin.privacy.audit.search import DEFAULT_QUERY_CHUNK, DEFAULT_VOCAB_CHUNK, Scoring, search
+from nemo_noise_plugin.validation import check_choice, check_int, check_number
 
 __all__ = ["METRICS", "Metric", "Neighbours", "direction_attack", "nearest_neighbour_attack"]
 
@@ -83,7 +84,7 @@ def direction_attack(
     (which clipping does not change, so it equals ``nearest_neighbour_attack(..., "cosine")``).
     """
     check_choice("metric", metric, METRICS)
-    check_number("clip_norm", clip_norm)
+    check_number("clip_norm", clip_norm, minimum=0.0, inclusive=False)
     check_search_args(noised, table, top_k=top_k, vocab_chunk=vocab_chunk, query_chunk=query_chunk)
     scoring = Scoring(metric, clip_norm=float(clip_norm))
     scores, ids = search(noised, table, scoring, top_k=top_k, vocab_chunk=vocab_chunk, query_chunk=query_chunk)

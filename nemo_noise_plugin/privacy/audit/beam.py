@@ -10,9 +10,10 @@ import torch
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.schedule import schedule_factor
-from nemo_noise_plugin.privacy.audit.checks import check_int, check_number, check_search_args, check_table, shape_of
+from nemo_noise_plugin.privacy.audit.checks import check_search_args, check_table, shape_of
 from nemo_noise_plugin.privacy.audit.noised import real_tokens
 from nemo_noise_plugin.privacy.audit.search import DEFAULT_QUERY_CHUNK, DEFAULT_VOCAB_CHUNK, Scoring, search
+from nemo_noise_plugin.validation import check_int, check_number
 
 __all__ = ["LmLogProbs", "lm_beam_attack", "noise_likelihood"]
 

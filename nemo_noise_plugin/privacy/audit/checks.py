@@ -1,19 +1,21 @@
-"""Argument checks of the privacy audit, with errors that name the argument, the value and what is allowed."""
+"""The privacy audit's domain checks (tensor shapes, dtypes, devices), with errors that name the argument.
+
+Scalar arguments (counts, numbers, choices) are checked with the plugin's one dialect, ``nemo_noise_plugin.validation``
+(``check_int``, ``check_number``, ``check_choice``: a ``SettingError`` naming the argument, the value and what is
+allowed); ``check_confidence`` and ``check_search_args`` use it too.
+"""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from nemo_noise_plugin.validation import is_finite_number
+from nemo_noise_plugin.validation import check_int, check_number
 
 __all__ = [
     "INTEGER_DTYPES",
-    "check_choice",
     "check_confidence",
-    "check_int",
     "check_masks",
-    "check_number",
     "check_search_args",
     "check_table",
     "check_token_ids",
@@ -34,35 +36,9 @@ def shape_of(value: object) -> str:
     return str(list(value.shape)) if isinstance(value, torch.Tensor) else repr(value)
 
 
-def check_int(name: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
-    """An int (not a bool) in ``[minimum, maximum]``."""
-    valid = not isinstance(value, bool) and isinstance(value, int) and value >= minimum
-    if not valid or (maximum is not None and value > maximum):
-        bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name}={value!r} is invalid: expected an integer {bound}.")
-
-
-def check_number(name: str, value: object, *, minimum: float | None = None, maximum: float | None = None) -> None:
-    """A finite number, ``> 0`` unless ``minimum`` is given (then ``>= minimum``), and ``<= maximum``."""
-    valid = is_finite_number(value)  # not math.isfinite: it overflows on an int past a float's range
-    valid = valid and (value > 0 if minimum is None else value >= minimum)
-    if not valid or (maximum is not None and value > maximum):
-        bound = "> 0" if minimum is None else f">= {minimum:g}"
-        bound += f" and <= {maximum:g}" if maximum is not None else ""
-        raise ValueError(f"{name}={value!r} is invalid: expected a finite number {bound}.")
-
-
 def check_confidence(confidence: object) -> None:
     """A confidence level in (0, 1)."""
-    valid = is_finite_number(confidence) and 0.0 < confidence < 1.0
-    if not valid:
-        raise ValueError(f"confidence={confidence!r} is invalid: expected a number in (0, 1), e.g. 0.95.")
-
-
-def check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
-    """One of ``allowed``."""
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is invalid: expected one of {', '.join(allowed)}.")
+    check_number("confidence", confidence, minimum=0.0, maximum=1.0, inclusive=False, why=", e.g. 0.95")
 
 
 def check_table(name: str, table: object) -> None:

@@ -8,7 +8,8 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
 from nemo_noise_plugin.noise.mechanisms import selected_tokens
 from nemo_noise_plugin.noise.schedule import NoiseClock
-from nemo_noise_plugin.privacy.audit.checks import check_int, check_masks, check_table, check_token_ids, to_device
+from nemo_noise_plugin.privacy.audit.checks import check_masks, check_table, check_token_ids, to_device
+from nemo_noise_plugin.validation import check_int
 
 __all__ = ["noise_layer", "noised_embeddings", "noised_tokens", "real_tokens"]
 

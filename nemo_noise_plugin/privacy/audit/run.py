@@ -12,7 +12,6 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.attacks import direction_attack, nearest_neighbour_attack
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs, lm_beam_attack
-from nemo_noise_plugin.privacy.audit.checks import check_choice, check_number
 from nemo_noise_plugin.privacy.audit.noised import noised_embeddings, noised_tokens, real_tokens
 from nemo_noise_plugin.privacy.audit.search import (
     DEFAULT_QUERY_CHUNK,
@@ -20,6 +19,7 @@ from nemo_noise_plugin.privacy.audit.search import (
     median_nearest_neighbour_distance,
 )
 from nemo_noise_plugin.privacy.audit.statistics import rare_token_ids, recovery_report
+from nemo_noise_plugin.validation import check_choice, check_number
 
 __all__ = ["ATTACKS", "audit", "check_attacks", "clips_embeddings"]
 

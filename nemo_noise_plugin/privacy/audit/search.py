@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nemo_noise_plugin.privacy.audit.checks import check_int, check_search_args, check_table, shape_of
+from nemo_noise_plugin.privacy.audit.checks import check_search_args, check_table, shape_of
+from nemo_noise_plugin.validation import check_int
 
 __all__ = [
     "DEFAULT_QUERY_CHUNK",

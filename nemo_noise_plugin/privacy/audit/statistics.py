@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.privacy.audit.checks import INTEGER_DTYPES, check_confidence, check_int, check_number, shape_of
+from nemo_noise_plugin.privacy.audit.checks import INTEGER_DTYPES, check_confidence, shape_of
+from nemo_noise_plugin.validation import check_int, check_number
 
 __all__ = ["rare_token_ids", "recovery_report", "wilson_interval"]
 

@@ -22,7 +22,6 @@ import torch
 from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
-from nemo_noise_plugin.privacy.audit.checks import check_choice, check_int
 from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit, clips_embeddings
 from nemo_noise_plugin.privacy.audit.search import (
     DEFAULT_QUERY_CHUNK,
@@ -30,6 +29,7 @@ from nemo_noise_plugin.privacy.audit.search import (
     median_nearest_neighbour_distance,
 )
 from nemo_noise_plugin.privacy.ledger import Guarantee, privacy_ledger
+from nemo_noise_plugin.validation import check_choice, check_int
 
 __all__ = [
     "STANDARD_SWEEPS",
