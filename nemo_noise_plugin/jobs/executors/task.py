@@ -187,10 +187,14 @@ def launch_finetune(
     """Check and launch the finetune flow of ``factory`` + ``overrides`` on a NeMo-Run ``executor``.
 
     ``entry`` is the command's entry point (its ``run.Partial`` is the task), ``recipe`` resolves ``--factory`` on the
-    launching side. Everything that can be checked here is checked before anything starts; a dry run skips only the
-    checks against this machine's GPUs. Returns the NeMo-Run job (None when ``confirm`` declines).
+    launching side. Everything that can be checked here is checked before anything starts: the executor
+    (``check_executor``) and, with the config resolved here, the run settings each rank's launch checks
+    (``check_run_settings`` for the job's world size, creating nothing; ``checkpoint.save`` only when the ranks run
+    on this machine, since a cluster's or container's folders do not exist here). A dry run skips only the checks
+    against this machine's GPUs. Returns the NeMo-Run job (None when ``confirm`` declines).
     """
     from nemo_noise_plugin.jobs.launch.finetune import describe
+    from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
     from nemo_noise_plugin.recipes import RECIPES
 
     if config_file is not None and not os.path.isfile(config_file):
@@ -201,6 +205,10 @@ def launch_finetune(
     check_executor(
         executor, config, cpu_loop=factory in RECIPES and RECIPES[factory].embedded_corpus, gpus_here=gpus_here
     )
+    if config is not None:  # what each rank's launch() checks, for the job's world size, before anything starts
+        check_run_settings(
+            config, world_size=executor.nnodes() * executor.nproc_per_node(), dry=True, folders_here=kind.runs_here
+        )
     if kind.runs_here and gpus_here == 0:  # the CPU loop: one process with its own gloo group, so no torchrun agent
         executor.launcher = None
     task = finetune_task(entry, factory, overrides, config_file)
