@@ -20,7 +20,8 @@ trailing ``key=value`` arguments do not go through NeMo-Run's parser (which edit
 torchrun (``WORLD_SIZE`` > 1). With ``executor=local|slurm|slurm_ssh|docker|lepton|dgxcloud`` (factories
 registered for this run context, ``executor.KEY=VALUE`` settings) ``jobs.executors.task.launch_finetune`` checks
 everything it can, then runs a ``run.Partial`` of ``finetune`` in a NeMo-Run experiment on that executor
-(``--dryrun``: the torchrun command, sbatch script, container or cluster job it would launch)::
+(``--dryrun``: the same checks, then the torchrun command, sbatch script, container or cluster job it would
+launch; folders on the cluster or container side are not checked on this machine)::
 
     nemo llm finetune -f tiny_noise_sft executor=local executor.ntasks_per_node=8 -y
     nemo llm finetune -f llama31_8b_noise_distillation executor=slurm executor.nodes=2 executor.account=acct --dryrun
@@ -56,7 +57,8 @@ if running_the_plugin_command():
     hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
 from nemo_noise_plugin.cli.finetune import check_recipe_arguments, check_to_yaml  # noqa: E402
-from nemo_noise_plugin.jobs.executors.settings import EXECUTOR_FACTORIES, build_executor  # noqa: E402
+from nemo_noise_plugin.jobs.executors.kinds import EXECUTORS  # noqa: E402
+from nemo_noise_plugin.jobs.executors.settings import build_executor  # noqa: E402
 from nemo_noise_plugin.jobs.executors.task import launch_finetune  # noqa: E402
 from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, run_finetune, unknown_factory  # noqa: E402
 from nemo_noise_plugin.jobs.launch.launcher import GPUUnavailableError  # noqa: E402
@@ -87,9 +89,10 @@ def finetune(
 
     --factory picks the recipe; --config-file merges a YAML file of config fields into it (e.g. recipes/*.yaml);
     trailing key=value, +key=value and ~key arguments are then Hydra overrides of its ConfigContainer
-    (Megatron-Bridge's override path). --dryrun prints what would run and --to-yaml PATH writes the
-    resolved config ('-': standard output); neither touches CUDA. Otherwise Bridge trains (pretrain, or finetune
-    when checkpoint.pretrained_checkpoint is set) with the plugin's forward step. Add -y to skip the confirmation.
+    (Megatron-Bridge's override path). --dryrun checks the run settings a real run checks and prints what would
+    run, --to-yaml PATH writes the resolved config ('-': standard output); neither touches CUDA. Otherwise Bridge
+    trains (pretrain, or finetune when checkpoint.pretrained_checkpoint is set) with the plugin's forward step.
+    Add -y to skip the confirmation.
     executor=local|slurm|slurm_ssh|docker|lepton|dgxcloud executor.KEY=VALUE launches it through a NeMo-Run
     executor instead of in-process (--dryrun then prints the torchrun command, sbatch script, container or cluster
     job); run_dir is set for such a task.
@@ -157,9 +160,9 @@ class FinetuneRunContext(RunContext):
     ``cli_command`` builds the command with only the options that work here (NeMo-Run's generic command also offers
     ``--load``, ``--yaml``, ``--repl``, ... and gives ``-y`` to both ``--yaml`` and ``--yes``). ``cli_execute``
     receives the remaining arguments: ``executor=NAME`` and ``executor.KEY=VALUE`` pick and configure a NeMo-Run
-    executor (factories registered for this context: ``EXECUTOR_FACTORIES``, or any registered under
-    NeMo-Run's ``Executor`` types); the rest are Bridge overrides. Without an executor it calls the entrypoint
-    function itself; with one, ``jobs.executors.task.launch_finetune`` runs a ``run.Partial`` of it.
+    executor (factories registered for this context: each ``jobs.executors.kinds.EXECUTORS`` entry's, or any
+    registered under NeMo-Run's ``Executor`` types); the rest are Bridge overrides. Without an executor it calls the
+    entrypoint function itself; with one, ``jobs.executors.task.launch_finetune`` runs a ``run.Partial`` of it.
     """
 
     config_file: Optional[str] = None  # noqa: UP045
@@ -362,8 +365,8 @@ run.cli.entrypoint(
     run_ctx_cls=FinetuneRunContext,
     entrypoint_cls=FinetuneEntrypoint,
 )(finetune)
-for _name, _executor_factory in EXECUTOR_FACTORIES.items():
-    run.cli.factory(_executor_factory, target=FinetuneRunContext, target_arg="executor", name=_name)
+for _name, _kind in EXECUTORS.items():  # one NeMo-Run factory per table entry
+    run.cli.factory(_kind.factory, target=FinetuneRunContext, target_arg="executor", name=_name)
 for _name, _recipe in RECIPES.items():
     register_recipe(_name, _recipe.path)
     if _NEMO2_FINETUNE is not None:

@@ -153,6 +153,7 @@ def test_docker_dry_run_shows_the_container_its_gpus_mounts_and_torchrun_line(cl
         'executor.volumes=["/data:/data"]',
         "executor.env_vars.NCCL_DEBUG=INFO",
         "model.noise.alpha=10",
+        "train.global_batch_size=16",  # micro batch 2 x 8 data-parallel ranks (check_run_settings)
     ]
     _execute(cli_llm, args, factory="tiny_noise_distillation", dryrun=True)
     out = capsys.readouterr().out
@@ -222,6 +223,7 @@ def test_dgxcloud_dry_run_is_a_distributed_workload_and_prints_no_secret(cli_llm
         'executor.pvcs=[{"name": "ws", "path": "/workspace", "claimName": "ws-pvc"}]',
         "executor.pvc_nemo_run_dir=/workspace/nemo_run",
         "model.tensor_model_parallel_size=2",
+        "train.global_batch_size=16",  # micro batch 2 x 8 data-parallel ranks (check_run_settings)
     ]
     _execute(cli_llm, args, factory="tiny_noise_sft", dryrun=True)
     out = capsys.readouterr().out
@@ -269,6 +271,7 @@ def test_with_nemo2_installed_nemo_noise_finetune_launches_through_an_executor(t
     write_nemo2_llm(tmp_path / "nemo2")
     path = os.pathsep.join(filter(None, [str(tmp_path / "nemo2"), str(REPO), os.environ.get("PYTHONPATH")]))
     arguments = ["-f", "tiny_noise_sft", "--dryrun", "executor=slurm", "executor.account=acct", "executor.nodes=2"]
+    arguments.append("train.global_batch_size=32")  # micro batch 2 x 16 data-parallel ranks (check_run_settings)
     result = _nemo(tmp_path, "noise", "finetune", *arguments, PYTHONPATH=path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "executor      SlurmExecutor on @localhost: 2 node(s) x 8 rank(s)" in result.stdout

@@ -15,7 +15,6 @@ Importing this module is cheap (NeMo-Run, no torch or Bridge): ``nemo`` imports 
 from __future__ import annotations
 
 import os
-import pprint
 import re
 import shutil
 import sys
@@ -24,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import nemo_run as run
-from nemo_run.config import RUNDIR_NAME
 
+from nemo_noise_plugin.jobs.executors.kinds import kind_of
 from nemo_noise_plugin.jobs.executors.settings import check_executor
 from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, apply_overrides, build_config
 
@@ -41,22 +40,16 @@ __all__ = [
     "worker_run_dir",
 ]
 
-WORKDIR_NOTE = f"/{RUNDIR_NAME}/code (the recipe's relative paths, e.g. its checkpoints, resolve there)"
-"""Where a container or cluster job's ranks run: ``finetune`` resolves the recipe again there."""
-
 
 def worker_run_dir(executor: Any) -> str:
-    """The job directory of an assigned ``executor`` as the task's processes see it.
+    """The job directory of an assigned ``executor`` as the task's processes see it (its ``EXECUTORS`` entry's
+    ``run_dir``).
 
     Local runs see NeMo-Run's job directory itself; a Slurm job without a container sees it under the tunnel's
     directory; containers (Slurm with ``container_image``, Docker, Skypilot, Lepton, ...) see it mounted at
     ``/nemo_run``.
     """
-    if isinstance(executor, run.LocalExecutor):
-        return executor.job_dir
-    if isinstance(executor, run.SlurmExecutor) and executor.container_image is None:
-        return os.path.join(executor.tunnel.job_dir, os.path.basename(executor.job_dir))
-    return f"/{RUNDIR_NAME}"
+    return kind_of(executor).run_dir(executor)
 
 
 @dataclass(kw_only=True)
@@ -116,93 +109,10 @@ def experiment_name(factory: str) -> str:
 
 def describe_request(job: Any) -> str:
     """What a prepared and dry-run NeMo-Run job would launch: the sbatch script, the local command, the container
-    or cluster job (image, nodes and GPUs, command, environment, mounts, job directory), or the scheduler request."""
+    or cluster job (image, nodes and GPUs, command, environment, mounts, job directory), or the scheduler request
+    (the executor's ``EXECUTORS`` entry's ``describe``; NeMo-Run's own dry-run text outside the table)."""
     info = job._dryrun_info  # set by Job.launch(dryrun=True); NeMo-Run offers no public accessor
-    request, executor = info.request, job.executor
-    if isinstance(executor, run.SlurmExecutor):
-        return str(request)
-    if isinstance(executor, run.LocalExecutor):
-        lines = []
-        for role, replicas in request.role_params.items():
-            for index, params in enumerate(replicas):
-                lines += [
-                    f"  role {role}, replica {index}",
-                    f"    cwd     {params.cwd}",
-                    f"    env     {_env_line(params.env)}",
-                    f"    command {' '.join(params.args)}",
-                    f"    stdout  {params.stdout}",
-                    f"    stderr  {params.stderr}",
-                ]
-        return "\n".join(lines)
-    if isinstance(executor, run.DockerExecutor):
-        return "\n".join(_describe_container(container, executor) for container in request.containers)
-    if isinstance(executor, (run.LeptonExecutor, run.DGXCloudExecutor)):
-        return _describe_cluster_job(request, executor)
-    return pprint.pformat(request, width=120)
-
-
-def _env_line(env: dict[str, str]) -> str:
-    return " ".join(f"{key}={value}" for key, value in sorted(env.items()))
-
-
-def _fields(title: str, fields: Sequence[tuple[str, str]]) -> str:
-    """``title`` and one indented ``label  value`` line per field."""
-    return "\n".join([f"  {title}", *(f"    {label:<10} {value}" for label, value in fields)])
-
-
-def _describe_container(container: Any, executor: Any) -> str:
-    """A ``docker run`` of NeMo-Run's Docker scheduler: the container, its resources, mounts and command."""
-    resources = [f"{executor.num_gpus} GPU(s)" if executor.num_gpus else "no GPU request"]
-    resources += [
-        f"{key} {getattr(executor, key)}"
-        for key in ("runtime", "ipc_mode", "shm_size")
-        if getattr(executor, key) is not None
-    ]
-    mounts = [*executor.volumes, f"{executor.job_dir}:/{RUNDIR_NAME} (the job directory)"]
-    return _fields(
-        f"container {container.name} (docker run on this machine's daemon)",
-        [
-            ("image", executor.container_image),
-            ("resources", f"{', '.join(resources)}, network {executor.network}"),
-            ("ulimits", " ".join(executor.ulimits) or "-"),
-            ("mounts", ", ".join(mounts)),
-            ("workdir", WORKDIR_NOTE),
-            ("env", _env_line(executor.env_vars | container.extra_env)),
-            ("command", " ".join(container.command)),
-            ("log", f"/{RUNDIR_NAME}/log_{container.name}.out"),
-        ],
-    )
-
-
-def _describe_cluster_job(request: Any, executor: Any) -> str:
-    """A Lepton job or DGX Cloud workload: what NeMo-Run copies to shared storage and the job it then creates."""
-    (role,) = request.app.roles
-    if isinstance(executor, run.LeptonExecutor):
-        remote_dir, storage = executor.lepton_job_dir, executor.mounts
-        job = (
-            f"Lepton job: {executor.nodes} replica(s) of shape {executor.resource_shape} in node group "
-            f"{executor.node_group}"
-        )
-        secrets = sorted(executor.secret_vars)
-    else:
-        remote_dir, storage = executor.pvc_job_dir, executor.pvcs
-        kind = "training"
-        if executor.nodes > 1:
-            kind = f"distributed ({executor.distributed_framework}, {executor.nodes} workers)"
-        job = f"DGX Cloud {kind} workload in project {executor.project_name} ({executor.base_url})"
-        secrets = []
-    fields = [
-        ("image", executor.container_image),
-        ("ranks", f"{executor.nnodes()} node(s) x {executor.nproc_per_node()} GPU(s), one torchrun rank per GPU"),
-        ("storage", ", ".join(str(entry) for entry in storage)),
-        ("job dir", f"{executor.job_dir} is copied to {remote_dir}, linked at /{RUNDIR_NAME} in the job"),
-        ("workdir", WORKDIR_NOTE),
-        ("env", _env_line(executor.env_vars | role.env)),
-    ]
-    if secrets:
-        fields.append(("secrets", f"{', '.join(secrets)} (from the workspace's secrets)"))
-    fields.append(("command", " ".join(request.cmd)))
-    return _fields(f"job {job}", fields)
+    return kind_of(job.executor).describe(info, job.executor)
 
 
 def describe_launch(task: Any, executor: Any, resolved: str) -> str:
@@ -235,7 +145,7 @@ def run_on_executor(
     """
     from torchx.specs import AppState
 
-    if isinstance(executor, run.LocalExecutor):
+    if kind_of(executor).runs_here:
         use_this_environment(executor)
     with run.Experiment(name, executor=executor) as experiment:
         experiment.add(task, name=name, plugins=list(plugins), tail_logs=not detach)
@@ -277,21 +187,29 @@ def launch_finetune(
     """Check and launch the finetune flow of ``factory`` + ``overrides`` on a NeMo-Run ``executor``.
 
     ``entry`` is the command's entry point (its ``run.Partial`` is the task), ``recipe`` resolves ``--factory`` on the
-    launching side. Everything that can be checked here is checked before anything starts; a dry run skips only the
-    checks against this machine's GPUs. Returns the NeMo-Run job (None when ``confirm`` declines).
+    launching side. Everything that can be checked here is checked before anything starts: the executor
+    (``check_executor``) and, with the config resolved here, the run settings each rank's launch checks
+    (``check_run_settings`` for the job's world size, creating nothing; ``checkpoint.save`` only when the ranks run
+    on this machine, since a cluster's or container's folders do not exist here). A dry run skips only the checks
+    against this machine's GPUs. Returns the NeMo-Run job (None when ``confirm`` declines).
     """
     from nemo_noise_plugin.jobs.launch.finetune import describe
+    from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
     from nemo_noise_plugin.recipes import RECIPES
 
     if config_file is not None and not os.path.isfile(config_file):
         raise FinetuneError(f"--config-file {config_file!r} is not a file.")
     config, why = resolve_on_launcher(recipe, factory, overrides, config_file)
-    local = isinstance(executor, run.LocalExecutor)
-    gpus_here = _gpu_count() if local and not dryrun else None
+    kind = kind_of(executor)
+    gpus_here = _gpu_count() if kind.runs_here and not dryrun else None
     check_executor(
         executor, config, cpu_loop=factory in RECIPES and RECIPES[factory].embedded_corpus, gpus_here=gpus_here
     )
-    if local and gpus_here == 0:  # the CPU loop: one process that makes its own gloo group, so no torchrun agent
+    if config is not None:  # what each rank's launch() checks, for the job's world size, before anything starts
+        check_run_settings(
+            config, world_size=executor.nnodes() * executor.nproc_per_node(), dry=True, folders_here=kind.runs_here
+        )
+    if kind.runs_here and gpus_here == 0:  # the CPU loop: one process with its own gloo group, so no torchrun agent
         executor.launcher = None
     task = finetune_task(entry, factory, overrides, config_file)
     if config is not None:

@@ -162,7 +162,8 @@ def run_finetune(
         overrides: Hydra-style overrides for Bridge's override path.
         factory: the name to report (default: ``recipe`` when it is a string).
         config_file: a YAML file of config fields merged before ``overrides`` (e.g. ``recipes/*.yaml``).
-        dryrun: print what would run and stop.
+        dryrun: check the run settings as a real run would (``check_run_settings``, creating nothing), print what
+            would run and stop.
         to_yaml: write the resolved config to this path (``-``: standard output) and stop.
         confirm: asked after the description, before a real run; False stops (NeMo-Run's ``Continue?``).
         print_fn: where the description goes (rank 0 only under torchrun).
@@ -189,7 +190,10 @@ def run_finetune(
         if isinstance(recipe, str):
             recipe = load_recipe(recipe)
         config = apply_overrides(build_config(recipe, factory), overrides, config_file)
-        if dryrun:
+        if dryrun:  # the settings a real run's launch() rejects, creating nothing
+            from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
+
+            check_run_settings(config, dry=True)
             print_fn(f"Dry run (nothing launched):\n{describe(config, factory, overrides, config_file)}")
     if to_yaml is not None:
         _export_yaml(config, to_yaml, print_fn)

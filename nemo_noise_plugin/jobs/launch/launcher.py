@@ -86,19 +86,28 @@ def saved_checkpoints() -> list[str]:
     return found
 
 
-def check_run_settings(config: Any) -> None:
+def check_run_settings(
+    config: Any, *, world_size: int | None = None, dry: bool = False, folders_here: bool = True
+) -> None:
     """Check what Megatron would find only after start-up; ``ValueError`` naming the setting, the value and what is
-    allowed. Creates ``checkpoint.save`` (checked writable) and keeps a dataset path with spaces whole."""
+    allowed. Creates ``checkpoint.save`` (checked writable) and keeps a dataset path with spaces whole.
+
+    A dry run or a launcher checks the same settings: ``world_size`` is the run's number of ranks (default:
+    ``WORLD_SIZE``, 1 outside torchrun), ``dry`` creates nothing (``checkpoint.save`` must be creatable and
+    writable), and ``folders_here=False`` skips the folder checks when the run's folders are on the cluster or
+    container side (a remote executor's paths do not exist on this machine).
+    """
 
     from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
 
-    if config.checkpoint.save:
-        check_output_dir(config.checkpoint.save, "checkpoint.save")
+    if config.checkpoint.save and folders_here:
+        check_output_dir(config.checkpoint.save, "checkpoint.save", create=not dry)
     train, model = config.train, config.model
     parallel = 1
     for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
         parallel *= getattr(model, name, 1) or 1
-    data_parallel = max(1, int(os.environ.get("WORLD_SIZE", "1")) // parallel)
+    ranks = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    data_parallel = max(1, ranks // parallel)
     micro, global_batch = train.micro_batch_size, train.global_batch_size
     if not _positive_int(micro):
         raise ValueError(f"train.micro_batch_size={micro!r} is invalid: expected an integer >= 1.")

@@ -46,8 +46,12 @@ def _reason(error: OSError) -> str:
     return _REASONS.get(error.errno, error.strerror or str(error))
 
 
-def check_output_dir(path: str | os.PathLike[str], setting: str = "--output-dir") -> Path:
-    """The folder ``path``, created if missing and checked writable; ``ValueError`` naming ``setting`` otherwise."""
+def check_output_dir(path: str | os.PathLike[str], setting: str = "--output-dir", *, create: bool = True) -> Path:
+    """The folder ``path``, created if missing and checked writable; ``ValueError`` naming ``setting`` otherwise.
+
+    ``create=False`` (a dry run) creates nothing: the folder, or the nearest folder above it that exists, must be a
+    folder this process can write to, so that a real run could create and write it.
+    """
     text = os.fspath(path)
     if not text.strip():
         raise ValueError(f"{setting}={text!r} is invalid: expected the path of a folder, e.g. outputs/main_job.")
@@ -55,12 +59,29 @@ def check_output_dir(path: str | os.PathLike[str], setting: str = "--output-dir"
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{setting}={text!r} is invalid: it is a file, not a folder; give a folder path.")
     try:
+        if not create:
+            _check_could_create(folder)
+            return folder
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as error:
         raise ValueError(f"{setting}={text!r} is invalid: the folder cannot be written ({_reason(error)}).") from None
     return folder
+
+
+def _check_could_create(folder: Path) -> None:
+    """``OSError`` as ``mkdir`` + a write would raise it, without creating anything: the nearest existing folder at
+    or above ``folder`` must be a folder, writable, on a writable file system."""
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(existing))
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(existing))
 
 
 def new_run_id() -> str:
