@@ -23,7 +23,7 @@ from nemo_noise_plugin.jobs.executors.settings import (
 from nemo_noise_plugin.jobs.executors.task import worker_run_dir
 from tests.test_executors import RANK_SETTINGS
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "nemo_noise_plugin"
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "nemo_noise_plugin"
 
 
 @dataclass(kw_only=True)
