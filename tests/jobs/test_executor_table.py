@@ -21,7 +21,7 @@ from nemo_noise_plugin.jobs.executors.settings import (
     check_executor,
 )
 from nemo_noise_plugin.jobs.executors.task import worker_run_dir
-from tests.test_executors import RANK_SETTINGS
+from tests.jobs.test_executors import RANK_SETTINGS
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "nemo_noise_plugin"
 
