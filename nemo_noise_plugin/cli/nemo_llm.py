@@ -55,10 +55,15 @@ quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run
 if running_the_plugin_command():
     hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
-from nemo_noise_plugin.cli.finetune import check_recipe_arguments, check_to_yaml  # noqa: E402
+from nemo_noise_plugin.cli.finetune import check_to_yaml  # noqa: E402
 from nemo_noise_plugin.jobs.executors.settings import EXECUTOR_FACTORIES, build_executor  # noqa: E402
 from nemo_noise_plugin.jobs.executors.task import launch_finetune  # noqa: E402
-from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, run_finetune, unknown_factory  # noqa: E402
+from nemo_noise_plugin.jobs.launch.finetune import (  # noqa: E402
+    FinetuneError,
+    check_recipe_arguments,
+    run_finetune,
+    unknown_factory,
+)
 from nemo_noise_plugin.jobs.launch.launcher import GPUUnavailableError  # noqa: E402
 from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402
 
@@ -138,7 +143,8 @@ def _recipe_factory(name: str, path: str) -> Callable[..., Any]:
 
     def factory(**kwargs: Any) -> Any:
         recipe = recipe_function(path)
-        check_recipe_arguments(function.removesuffix("_config"), recipe, kwargs)  # a typo: one line, not a TypeError
+        if kwargs:  # -f "name(key=value)": a typo is one line, not a TypeError (nothing to check without arguments)
+            check_recipe_arguments(function.removesuffix("_config"), recipe, kwargs)
         return recipe(**kwargs)
 
     factory.__module__, factory.__name__, factory.__qualname__ = module, function, function
