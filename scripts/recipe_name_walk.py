@@ -21,6 +21,17 @@ the built ``ConfigContainer``, recorded as the last stop; in a dry run that is `
 description. Calls to generator frames count when they start, not at each resume; module-level code, class bodies
 and comprehensions do not count.
 
+A real run (``--train-steps N``: ``nemo llm finetune --factory NAME -y train.train_iters=N`` in a scratch folder,
+which holds the recipe's run folder, checkpoints and reports; a recipe on the embedded corpus trains on the CPU loop
+without a GPU) is followed the same way with two changes: the walk does not end at the launcher but when the front
+door returns (training, the report callbacks and what the command does after training included), and every call
+into a launcher module handed the ``ConfigContainer`` is a call of the walk (a launcher holds the recipe's product,
+not its name; consecutive ones are one stop as usual), the other calls counting by the rule above. So the name
+reaching a report's provenance (``RunReport(folder, recipe=name)``: its methods' ``self`` holds it one step away)
+counts, a report callback holding that ``RunReport`` (two steps) does not, and the training loop's frames, which hold
+the ``ConfigContainer`` (the name only as a folder of ``checkpoint.save``), do not. Only calls of functions defined in
+the package are looked at (the profile function returns at once for any other frame: Megatron's, torch's).
+
 From the walk's modules (consecutive calls in one module are one stop):
 
 * **stops**: the module visits in sequence (the number of times the walk enters a module, the first included);
@@ -37,6 +48,7 @@ Usage::
     python scripts/recipe_name_walk.py --front-door module --json     # python -m nemo_noise_plugin.cli.finetune
     PYTHONPATH=/tmp/old python scripts/recipe_name_walk.py            # another checkout's package, this script
     python scripts/recipe_name_walk.py --every-call                   # for comparison: every package call counts
+    python scripts/recipe_name_walk.py --train-steps 2                # a real run: training and reports, to the end
 
 The package measured is the one Python imports (``PYTHONPATH``); the floors are this script's checkout's.
 """
@@ -223,9 +235,12 @@ class Walk:
     commit: str
     reach: int = 1
     every_call: bool = False
+    train_steps: int | None = None
     calls: list[Call] = field(default_factory=list)
     exit_status: Any = None
     output_tail: str = ""
+    main_job_lines: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def handed_to_launcher(self) -> bool:
@@ -235,9 +250,11 @@ class Walk:
 class NameFollower:
     """A ``sys.setprofile`` function recording the package's calls that hold the recipe name."""
 
-    def __init__(self, recipe: str, package_dir: Path, reach: int = 1, every_call: bool = False) -> None:
+    def __init__(
+        self, recipe: str, package_dir: Path, reach: int = 1, every_call: bool = False, to_the_end: bool = False
+    ) -> None:
         self.pattern = name_pattern(recipe)
-        self.reach, self.every_call = reach, every_call
+        self.reach, self.every_call, self.to_the_end = reach, every_call, to_the_end
         self.prefix = str(package_dir) + os.sep
         self.calls: list[Call] = []
         self.done = False
@@ -268,7 +285,7 @@ class NameFollower:
         values = list(frame.f_locals.values())
         if module.removeprefix(PACKAGE + ".") in LAUNCHERS and _has_config_container(values):
             self.calls.append(Call(module, code.co_qualname, handed_to_launcher=True))
-            self.done = True
+            self.done = not self.to_the_end  # a dry run's walk ends here; a real run's goes on to the command's end
             return
         if (
             self.every_call
@@ -297,15 +314,34 @@ def _front_door(front_door: str, argv: list[str]) -> tuple[str, Callable[[], Any
     return "python -m nemo_noise_plugin.cli.finetune " + " ".join(argv), lambda: finetune_cli.main(argv)
 
 
+MAIN_JOB_LINE = re.compile(r"^.*(?:main job|on the embedded corpus|clean pre-training|-- control).*$", re.MULTILINE)
+"""Lines of the main job's orchestration (``launch_with_report``'s banner and phases) in a command's output."""
+
+
+def command_line(recipe: str, front_door: str = "nemo", train_steps: int | None = None) -> list[str]:
+    """The front door's arguments: ``--factory recipe --dryrun``, or a real run of ``train_steps`` iterations."""
+    head = ["llm", "finetune"] if front_door == "nemo" else []
+    if train_steps is None:
+        return [*head, "--factory", recipe, "--dryrun"]
+    return [*head, "--factory", recipe, "-y", f"train.train_iters={train_steps}"]
+
+
 def follow(
-    recipe: str, front_door: str = "nemo", extra: Sequence[str] = (), reach: int = 1, every_call: bool = False
+    recipe: str,
+    front_door: str = "nemo",
+    extra: Sequence[str] = (),
+    reach: int = 1,
+    every_call: bool = False,
+    train_steps: int | None = None,
 ) -> Walk:
-    """Run the front door on ``--factory recipe --dryrun`` in a scratch folder, following the recipe name."""
+    """Run the front door on ``--factory recipe --dryrun`` (or a real run of ``train_steps`` iterations) in a scratch
+    folder, following the recipe name."""
+    import time
+
     import nemo_noise_plugin
 
     package_dir = Path(nemo_noise_plugin.__file__).resolve().parent
-    head = ["llm", "finetune"] if front_door == "nemo" else []
-    argv = [*head, "--factory", recipe, "--dryrun", *extra]
+    argv = [*command_line(recipe, front_door, train_steps), *extra]
     output = io.StringIO()
     with tempfile.TemporaryDirectory(prefix="recipe-name-walk-") as scratch:
         cwd = os.getcwd()
@@ -314,8 +350,9 @@ def follow(
         try:
             with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
                 command, run = _front_door(front_door, argv)
-                follower = NameFollower(recipe, package_dir, reach, every_call)
+                follower = NameFollower(recipe, package_dir, reach, every_call, to_the_end=train_steps is not None)
                 status: Any = None
+                started = time.monotonic()
                 sys.setprofile(follower)
                 try:
                     status = run()
@@ -323,11 +360,15 @@ def follow(
                     status = stop.code
                 finally:
                     sys.setprofile(None)
+                    seconds = time.monotonic() - started
         finally:
             sys.argv = saved_argv
             os.chdir(cwd)
-    walk = Walk(recipe, front_door, command, str(package_dir.parent), _commit(package_dir.parent), reach, every_call)
+    root = package_dir.parent
+    walk = Walk(recipe, front_door, command, str(root), _commit(root), reach, every_call, train_steps)
     walk.calls, walk.exit_status, walk.output_tail = follower.calls, status, output.getvalue()[-3000:]
+    walk.main_job_lines = [line.strip() for line in MAIN_JOB_LINE.findall(output.getvalue())][:20]
+    walk.seconds = round(seconds, 1)
     return walk
 
 
@@ -359,8 +400,11 @@ def summary(walk: Walk, today_root: Path = TODAY_ROOT) -> dict[str, Any]:
         commit=walk.commit,
         reach=walk.reach,
         every_call=walk.every_call,
+        train_steps=walk.train_steps,
         exit_status=walk.exit_status,
         handed_to_launcher=walk.handed_to_launcher,
+        main_job_lines=walk.main_job_lines,
+        seconds=walk.seconds,
         calls=[asdict(call) for call in walk.calls],
         walk=stops,
         output_tail=walk.output_tail,
@@ -379,6 +423,10 @@ def print_summary(result: dict[str, Any]) -> None:
         )
     if not result["handed_to_launcher"]:
         print(f"(the walk ended without reaching a launcher; exit status {result['exit_status']!r})")
+    elif result["exit_status"] not in (0, None):
+        print(f"(the command failed: exit status {result['exit_status']!r}; its output ends:\n{result['output_tail']})")
+    for line in result["main_job_lines"]:
+        print(f"main job's orchestration in the output: {line}")
     print(f"stops {result['stops']}, climbs back up {result['climbs']}, returns {result['returns']}")
 
 
@@ -398,8 +446,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--every-call", action="store_true", help="for comparison: record every package call, holding the name or not"
     )
+    parser.add_argument(
+        "--train-steps",
+        type=int,
+        metavar="N",
+        help="a real run of N iterations (train.train_iters=N, -y) instead of --dryrun, followed to the command's end",
+    )
     args = parser.parse_args(argv)
-    result = summary(follow(args.factory, args.front_door, reach=args.reach, every_call=args.every_call))
+    walk = follow(
+        args.factory, args.front_door, reach=args.reach, every_call=args.every_call, train_steps=args.train_steps
+    )
+    result = summary(walk)
     if args.json:
         print(json.dumps(result, indent=2))
     else:

@@ -10,9 +10,13 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
-MEASURED_AT_HEAD = {"stops": 8, "climbs": 3, "returns": 2}
+MEASURED_AT_HEAD = {"stops": 7, "climbs": 2, "returns": 2}
 """``nemo llm finetune --factory tiny_noise_sft --dryrun`` as measured in docs/development.md ("Recipe-name walk")."""
+MEASURED_REAL_RUN_AT_HEAD = {"stops": 16, "climbs": 4, "returns": 7}
+"""``nemo llm finetune --factory tiny_noise_sft -y train.train_iters=2`` (``--train-steps 2``), the same section."""
 
 
 def _walk_script():
@@ -100,10 +104,23 @@ def test_a_module_todays_layout_lacks_sits_on_the_highest_floor_it_imports(tmp_p
     assert floors["nemo_noise_plugin.old_leaf"] == len(checker.FLOORS) - 1
 
 
-def test_the_walk_from_nemo_llm_finetune_does_not_grow_back():
+def test_a_real_run_trains_the_given_steps_without_asking():
+    walk = _walk_script()
+    assert walk.command_line("tiny_noise_sft") == ["llm", "finetune", "--factory", "tiny_noise_sft", "--dryrun"]
+    assert walk.command_line("tiny_noise_sft", "module", train_steps=2) == [
+        "--factory",
+        "tiny_noise_sft",
+        "-y",
+        "train.train_iters=2",
+    ]
+    banner = "== nemo-noise-plugin main job: factory tiny_noise_sft on the embedded corpus ==\n 1/2 5.6\n"
+    assert walk.MAIN_JOB_LINE.findall(banner) == [banner.splitlines()[0]]
+
+
+def _run_walk(*arguments: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "recipe_name_walk.py"), "--json"],
+        [sys.executable, str(REPO / "scripts" / "recipe_name_walk.py"), "--json", *arguments],
         capture_output=True,
         text=True,
         timeout=900,
@@ -111,9 +128,29 @@ def test_the_walk_from_nemo_llm_finetune_does_not_grow_back():
         cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    walk = json.loads(result.stdout)
+    return json.loads(result.stdout)
+
+
+def test_the_walk_from_nemo_llm_finetune_does_not_grow_back():
+    walk = _run_walk()
     assert walk["exit_status"] in (0, None), walk["output_tail"]
     assert walk["handed_to_launcher"] and walk["walk"][0]["module"] == "nemo_noise_plugin.cli.nemo_llm"
     assert any(stop["module"] == "nemo_noise_plugin.recipes.tiny" for stop in walk["walk"])
     figures = {key: walk[key] for key in MEASURED_AT_HEAD}
     assert all(figures[key] <= MEASURED_AT_HEAD[key] for key in MEASURED_AT_HEAD), (figures, walk["walk"])
+
+
+@pytest.mark.slow
+def test_the_walk_of_a_real_nemo_llm_finetune_run_does_not_grow_back():
+    """The whole run (CPU loop, 2 steps, the robustness report): about 2 minutes on 2 cores."""
+    walk = _run_walk("--train-steps", "2")
+    assert walk["exit_status"] in (0, None), walk["output_tail"]
+    assert walk["handed_to_launcher"] and walk["walk"][0]["module"] == "nemo_noise_plugin.cli.nemo_llm"
+    assert walk["main_job_lines"] == []  # no fork into the main job's orchestration (62da161's launch_with_report)
+    assert not any("launch_with_report" in stop["functions"] for stop in walk["walk"])
+    assert walk["walk"][-1]["module"] == "nemo_noise_plugin.jobs.reports.artifacts"  # ends writing the report
+    figures = {key: walk[key] for key in MEASURED_REAL_RUN_AT_HEAD}
+    assert all(figures[key] <= MEASURED_REAL_RUN_AT_HEAD[key] for key in MEASURED_REAL_RUN_AT_HEAD), (
+        figures,
+        walk["walk"],
+    )

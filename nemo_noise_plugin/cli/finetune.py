@@ -13,7 +13,6 @@ an interrupt. ``--factory`` takes recipe arguments too, as ``nemo`` does: ``-f "
 from __future__ import annotations
 
 import ast
-import inspect
 import os
 import re
 import sys
@@ -24,7 +23,12 @@ from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.cli.exits import UsageParser, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus
 from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log
-from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, load_recipe, run_finetune
+from nemo_noise_plugin.jobs.launch.finetune import (  # check_recipe_arguments: re-exported, its old home
+    FinetuneError,
+    check_recipe_arguments,
+    load_recipe,
+    run_finetune,
+)
 from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
 from nemo_noise_plugin.recipes import RECIPES
 
@@ -41,21 +45,6 @@ def check_to_yaml(to_yaml: str | None) -> None:
     if os.path.isdir(to_yaml):
         raise ValueError(f"--to-yaml={to_yaml!r} is invalid: it is a folder; expected a file path, e.g. run.yaml.")
     check_output_dir(os.path.dirname(to_yaml) or ".", f"--to-yaml={to_yaml!r}: its folder")
-
-
-def check_recipe_arguments(name: str, recipe: Callable[..., Any], arguments: dict[str, Any]) -> None:
-    """``FinetuneError`` naming an argument ``recipe`` does not take (``-f "tiny_noise_sft(bogus=1)"``) and its
-    arguments."""
-    parameters = inspect.signature(recipe).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    for key, value in arguments.items():
-        if key not in parameters:
-            allowed = ", ".join(p for p in parameters if parameters[p].kind is not inspect.Parameter.VAR_POSITIONAL)
-            raise FinetuneError(
-                f"--factory {name}: {key}={value!r} is invalid: {name} takes no argument {key!r}; "
-                f"its arguments: {allowed or '(none)'}."
-            )
 
 
 def recipe_with_arguments(factory: str) -> tuple[str, Callable[[], Any]] | None:

@@ -56,11 +56,16 @@ quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run
 if running_the_plugin_command():
     hide_gpus_for_dry_run()  # before Megatron-Bridge's own entry point makes ModelOpt open a CUDA context
 
-from nemo_noise_plugin.cli.finetune import check_recipe_arguments, check_to_yaml  # noqa: E402
+from nemo_noise_plugin.cli.finetune import check_to_yaml  # noqa: E402
 from nemo_noise_plugin.jobs.executors.kinds import EXECUTORS  # noqa: E402
 from nemo_noise_plugin.jobs.executors.settings import build_executor  # noqa: E402
 from nemo_noise_plugin.jobs.executors.task import launch_finetune  # noqa: E402
-from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, run_finetune, unknown_factory  # noqa: E402
+from nemo_noise_plugin.jobs.launch.finetune import (  # noqa: E402
+    FinetuneError,
+    check_recipe_arguments,
+    run_finetune,
+    unknown_factory,
+)
 from nemo_noise_plugin.jobs.launch.launcher import GPUUnavailableError  # noqa: E402
 from nemo_noise_plugin.recipes import RECIPES, recipe_function  # noqa: E402
 
@@ -69,7 +74,7 @@ __all__ = [
     "FinetuneRunContext",
     "finetune",
     "nemo2_llm_finetune",
-    "register_recipe",
+    "register_nemo_factory",
     "registered_executors",
     "registered_factories",
     "split_executor_arguments",
@@ -141,7 +146,8 @@ def _recipe_factory(name: str, path: str) -> Callable[..., Any]:
 
     def factory(**kwargs: Any) -> Any:
         recipe = recipe_function(path)
-        check_recipe_arguments(function.removesuffix("_config"), recipe, kwargs)  # a typo: one line, not a TypeError
+        if kwargs:  # -f "name(key=value)": a typo is one line, not a TypeError (nothing to check without arguments)
+            check_recipe_arguments(function.removesuffix("_config"), recipe, kwargs)
         return recipe(**kwargs)
 
     factory.__module__, factory.__name__, factory.__qualname__ = module, function, function
@@ -149,7 +155,7 @@ def _recipe_factory(name: str, path: str) -> Callable[..., Any]:
     return factory
 
 
-def register_recipe(name: str, path: str, target: Callable = finetune) -> None:
+def register_nemo_factory(name: str, path: str, target: Callable = finetune) -> None:
     """Register the recipe at ``path`` (``module:function``) as ``--factory name`` of ``target``."""
     run.cli.factory(_recipe_factory(name, path), target=target, name=name)
 
@@ -368,6 +374,6 @@ run.cli.entrypoint(
 for _name, _kind in EXECUTORS.items():  # one NeMo-Run factory per table entry
     run.cli.factory(_kind.factory, target=FinetuneRunContext, target_arg="executor", name=_name)
 for _name, _recipe in RECIPES.items():
-    register_recipe(_name, _recipe.path)
+    register_nemo_factory(_name, _recipe.path)
     if _NEMO2_FINETUNE is not None:
         run.cli.factory(_nemo2_factory(_name), target=_NEMO2_FINETUNE, name=_name)

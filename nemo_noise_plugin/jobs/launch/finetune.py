@@ -21,6 +21,7 @@ Importing this module is cheap (no torch, no Bridge): ``nemo`` imports it when i
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -28,7 +29,15 @@ from typing import Any
 
 from nemo_noise_plugin.recipes import RECIPES, recipe_function
 
-__all__ = ["FinetuneError", "UnknownFactoryError", "describe", "load_recipe", "run_finetune", "unknown_factory"]
+__all__ = [
+    "FinetuneError",
+    "UnknownFactoryError",
+    "check_recipe_arguments",
+    "describe",
+    "load_recipe",
+    "run_finetune",
+    "unknown_factory",
+]
 
 
 class FinetuneError(Exception):
@@ -55,6 +64,22 @@ def load_recipe(name: str, available: Sequence[str] | None = None) -> Callable[[
             raise UnknownFactoryError(f"--factory {name!r} is not a function returning a ConfigContainer.")
         return recipe
     raise unknown_factory(name, RECIPES if available is None else available)
+
+
+def check_recipe_arguments(name: str, recipe: Callable[..., Any], arguments: dict[str, Any]) -> None:
+    """``FinetuneError`` naming an argument ``recipe`` does not take (``-f "tiny_noise_sft(bogus=1)"``) and its
+    arguments. Both front doors call it on a recipe ``load_recipe`` (or NeMo-Run's factory) loaded, before calling
+    it with ``arguments``: a typo is one line, not a ``TypeError`` from inside the recipe."""
+    parameters = inspect.signature(recipe).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    for key, value in arguments.items():
+        if key not in parameters:
+            allowed = ", ".join(p for p in parameters if parameters[p].kind is not inspect.Parameter.VAR_POSITIONAL)
+            raise FinetuneError(
+                f"--factory {name}: {key}={value!r} is invalid: {name} takes no argument {key!r}; "
+                f"its arguments: {allowed or '(none)'}."
+            )
 
 
 def unknown_factory(name: str, available: Sequence[str]) -> UnknownFactoryError:

@@ -381,15 +381,24 @@ def report_json(
     return data
 
 
-def write_report(curves: dict[str, list[RobustnessPoint]], scale_name: str, report: RunReport, title: str = "") -> Path:
+def write_report(
+    curves: dict[str, list[RobustnessPoint]],
+    scale_name: str,
+    report: RunReport,
+    title: str = "",
+    config: Any = None,
+) -> Path:
     """Print the robustness table and write it as ``robustness.json`` and ``robustness.png`` into ``report``.
 
     With a control curve (``no noise``) beside the noise-trained one (``after``), also the comparison per level
     (``compare_to_control``): printed, summarised in words, and in the JSON as each ``after`` point's ``vs_control``.
-    The JSON holds the run's ``provenance`` when the report has it (``RunReport.describe``); without a ``title`` the
+    ``config`` (the run's resolved ``ConfigContainer``) first gives the report its provenance (``describe_report``);
+    the JSON holds the run's ``provenance`` when the report has it (``RunReport.describe``); without a ``title`` the
     title is ``run_title`` of it. Both files appear together (``RunReport.finish``) or not at all; returns the
     report's folder.
     """
+    if config is not None:
+        describe_report(report, config)
     if not title and report.provenance is not None:
         title = run_title(report.provenance)
     print(f"\nrobustness report{f' ({title})' if title else ''}: held-out loss and KL(clean || noisy) in nats/token")
@@ -485,6 +494,5 @@ class RobustnessReport(import_bridge("megatron.bridge.training.callbacks").Callb
         if self.report is None:
             return
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-            describe_report(self.report, context.state.cfg)
             curves = {"before": self.curves["before"], **self.references, "after": self.curves["after"]}
-            self.folder = write_report(curves, scale_field(self.noise), self.report, self.title)
+            self.folder = write_report(curves, scale_field(self.noise), self.report, self.title, context.state.cfg)
