@@ -13,7 +13,7 @@ installed).
 import dataclasses
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -54,9 +54,10 @@ class KeyValueEntrypoint(Entrypoint):
             raise SystemExit(2) from None
 
 
-def parse_key_values(arguments: Sequence[str]) -> dict[str, Any]:
+def parse_key_values(arguments: Sequence[str], text_keys: Collection[str] = ()) -> dict[str, Any]:
     """``["epochs=3", "clip_norm=null", "tokens=1e3"]`` -> ``{"epochs": 3, "clip_norm": None, "tokens": 1000.0}``
-    (values read as YAML by ``yaml_files.load_yaml_value``: ``1e-3`` is a number)."""
+    (values read as YAML by ``yaml_files.load_yaml_value``: ``1e-3`` is a number). The values of ``text_keys``
+    (names, paths, ``sweep=alpha:1,5``) stay the text as typed, so YAML cannot turn ``alpha:`` into a mapping."""
     from nemo_noise_plugin.yaml_files import load_yaml_value
 
     values: dict[str, Any] = {}
@@ -64,7 +65,7 @@ def parse_key_values(arguments: Sequence[str]) -> dict[str, Any]:
         key, separator, value = argument.partition("=")
         if not separator or not key:
             raise ValueError(f"argument {argument!r} is invalid: expected key=value, e.g. sequence_length=512.")
-        values[key] = load_yaml_value(value, what=f"argument {argument!r}")
+        values[key] = value if key in text_keys else load_yaml_value(value, what=f"argument {argument!r}")
     return values
 
 
@@ -192,7 +193,7 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     from nemo_noise_plugin.privacy.audit.sweep import Sweep, parse_sweeps
     from nemo_noise_plugin.validation import check_choice, check_int
 
-    values = parse_key_values(arguments)
+    values = parse_key_values(arguments, text_keys=[key for key, kind in AUDIT_SETTINGS.items() if kind is str])
     fields = [field.name for field in dataclasses.fields(NoiseConfig)]
     unknown = sorted(key for key in values if key not in AUDIT_SETTINGS and key not in fields)
     if unknown:
@@ -211,7 +212,10 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     for key, kind in AUDIT_SETTINGS.items():
         value = settings.get(key)
         if value is not None and not (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
-            raise ValueError(f"{key}={value!r} is invalid: expected a {kind.__name__}.")
+            expected = {bool: "true or false", int: "an integer", float: "a number", str: "text"}.get(
+                kind, kind.__name__
+            )
+            raise ValueError(f"{key}={value!r} is invalid: expected {expected}.")
     for key, limit in AUDIT_COUNT_LIMITS.items():
         if settings.get(key) is not None:
             check_int(

@@ -93,9 +93,10 @@ def test_a_config_file_that_is_not_a_mapping_is_one_line_with_status_2(tmp_path,
     [
         ("train.micro_batch_size=3", "train.micro_batch_size=3 is invalid with train.global_batch_size=8"),
         ("model.seq_length=1", "model.seq_length=1 is invalid: expected dataset.seq_length="),
+        ("dataset.seq_length=-4", "dataset.seq_length=-4 is invalid: expected an integer >= 1"),
         ("checkpoint.save=/proc/nope/checkpoints", "checkpoint.save='/proc/nope/checkpoints' is invalid"),
     ],
-    ids=["micro batch", "seq length", "unwritable checkpoint.save"],
+    ids=["micro batch", "seq length", "data seq length", "unwritable checkpoint.save"],
 )
 def test_a_setting_megatron_finds_late_is_refused_before_training(tmp_path, override, words):
     result = _run(FINETUNE, "-f", "tiny_noise_sft", "train.train_iters=2", f"checkpoint.save={tmp_path}/c", override)

@@ -117,12 +117,17 @@ def test_parse_sweeps_forms():
         (["model=tiny", "sweep=alpha:1", "output_dir=x", "colour=red"], "unknown argument.s. colour"),
         (["model=tiny", "sweep=alpha:1"], r"missing argument\(s\) output_dir"),
         (["model=tiny", "sweep=alpha", "output_dir=x"], "sweep='alpha' is invalid at 'alpha'"),
+        (["model=tiny", "sweep=alpha:", "output_dir=x"], "sweep=.alpha:. is invalid at .alpha:."),
+        (["model=tiny", "sweep=alpha:1", "output_dir=x", "tokens=true"], "tokens=True is invalid: expected an integer"),
         (["model=tiny", "sweep=alpha:1,x", "output_dir=x"], r"expected \[mechanism/\]field:level"),
         (
             ["model=tiny", "sweep=eta:1", "output_dir=x"],
             "sweep field for uniform='eta' is invalid: expected one of alpha",
         ),
-        (["model=tiny", "sweep=alpha:1", "output_dir=x", "tokens=many"], "tokens='many' is invalid: expected a int"),
+        (
+            ["model=tiny", "sweep=alpha:1", "output_dir=x", "tokens=many"],
+            "tokens='many' is invalid: expected an integer",
+        ),
         (["model=tiny", "sweep=alpha:1", "output_dir=x", "alpha=-1"], "NoiseConfig.alpha=-1"),
         (["model=tiny", "sweep=alpha:1", "output_dir=x", "attacks=nn_l3"], "attacks='nn_l3' is invalid"),
     ],

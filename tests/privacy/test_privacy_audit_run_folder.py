@@ -232,7 +232,7 @@ def bad_argument_cases(tmp_path: Path, run_folder: Path) -> list[tuple[list[str]
     return [
         ([*base, "tokens=0", "output_dir=o"], "tokens=0 is invalid: expected an integer >= 1 and <= 1000000"),
         ([*base, "tokens=-5", "output_dir=o"], "tokens=-5 is invalid: expected an integer >= 1 and <= 1000000"),
-        ([*base, "tokens=2.5", "output_dir=o"], "tokens=2.5 is invalid: expected a int"),
+        ([*base, "tokens=2.5", "output_dir=o"], "tokens=2.5 is invalid: expected an integer"),
         ([*base, "max_length=0", "output_dir=o"], "max_length=0 is invalid"),
         ([*base, f"output_dir={a_file}"], "output_dir=.* is invalid: it is a file"),
         ([*base, f"output_dir={a_file}/sub"], "output_dir=.* is invalid: its parent .* is a file"),

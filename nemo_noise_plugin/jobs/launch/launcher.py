@@ -127,6 +127,8 @@ def check_run_settings(
         raise ValueError(f"model.seq_length={seq_length!r} is invalid: expected an integer >= 1.")
     dataset = config.dataset
     data_length = getattr(dataset, "seq_length", None)
+    if data_length is not None and not _positive_int(data_length):
+        raise ValueError(f"dataset.seq_length={data_length!r} is invalid: expected an integer >= 1.")
     if seq_length is not None and data_length is not None and seq_length != data_length:
         raise ValueError(
             f"model.seq_length={seq_length} is invalid: expected dataset.seq_length={data_length} (the model and its "
