@@ -14,7 +14,6 @@ import dataclasses
 import os
 import sys
 from collections.abc import Collection, Sequence
-from pathlib import Path
 from typing import Any, Optional
 
 import nemo_run as run
@@ -166,20 +165,10 @@ AUDIT_COUNTS = tuple(AUDIT_COUNT_LIMITS)
 
 def check_writable_folder(path: str, setting: str) -> None:
     """``ValueError`` naming ``setting`` unless ``path`` is a folder that exists and can be written, or can be
-    created (its nearest existing parent is a writable folder); creates nothing."""
-    folder = Path(path).expanduser()
-    if not str(path).strip():
-        raise ValueError(f"{setting}={path!r} is invalid: expected the path of a folder, e.g. audit_out.")
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{setting}={path!r} is invalid: it is a file, not a folder; give a folder path.")
-    existing = folder
-    while not existing.exists():
-        existing = existing.parent
-    where = "the folder" if existing == folder else f"its parent {str(existing)!r}"
-    if not existing.is_dir():
-        raise ValueError(f"{setting}={path!r} is invalid: {where} is a file, not a folder; give a folder path.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{setting}={path!r} is invalid: {where} cannot be written (permission denied).")
+    created (``artifacts.check_output_dir`` without creating it)."""
+    from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
+
+    check_output_dir(os.path.expanduser(path), setting, create=False)
 
 
 def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -73,6 +74,23 @@ def test_an_in_process_dry_run_checks_the_run_settings_and_creates_nothing(tmp_p
     new = tmp_path / "not yet" / "checkpoints"
     run_finetune("tiny_noise_sft", [f"checkpoint.save={new}"], dryrun=True, print_fn=lambda _: None)
     assert not (tmp_path / "not yet").exists()  # a dry run writes nothing
+
+
+@pytest.mark.parametrize(
+    "override",
+    ["model.num_layers=0", "model.hidden_size=0", "model.num_attention_heads=0", "dataset.seq_length=-4"],
+)
+def test_a_dry_run_refuses_model_and_data_sizes_below_one(override):
+    """A fresh bad-input pass: 0 layers dry-ran clean, then a real run died in a ZeroDivisionError traceback."""
+    setting, value = override.split("=")
+    with pytest.raises(ValueError, match=f"^{re.escape(setting)}={value} is invalid: expected an integer >= 1"):
+        run_finetune("tiny_noise_sft", [override], dryrun=True, print_fn=lambda _: None)
+
+
+def test_a_folder_that_os_access_calls_writable_but_cannot_be_made_is_refused():
+    """As root, ``os.access`` says /proc is writable; a real ``mkdir`` there fails, and so does the dry check."""
+    with pytest.raises(ValueError, match=r"^output_dir='/proc/nope/out' is invalid: the folder cannot be written"):
+        check_output_dir("/proc/nope/out", "output_dir", create=False)
 
 
 def test_a_dry_run_through_an_executor_checks_the_settings_for_the_jobs_world_size(capsys):

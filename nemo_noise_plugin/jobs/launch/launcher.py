@@ -122,6 +122,10 @@ def check_run_settings(
                 f"{data_parallel} data-parallel rank(s): the global batch must be a multiple of micro batch x ranks; "
                 f"expected one of {', '.join(map(str, allowed)) or 'none: change train.global_batch_size'}."
             )
+    for name in ("num_layers", "hidden_size", "num_attention_heads"):
+        size = getattr(model, name, None)
+        if size is not None and not _positive_int(size):  # 0 layers trained nothing, then divided by zero
+            raise ValueError(f"model.{name}={size!r} is invalid: expected an integer >= 1.")
     seq_length = getattr(model, "seq_length", None)
     if seq_length is not None and not _positive_int(seq_length):
         raise ValueError(f"model.seq_length={seq_length!r} is invalid: expected an integer >= 1.")

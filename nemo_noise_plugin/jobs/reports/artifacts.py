@@ -71,8 +71,9 @@ def check_output_dir(path: str | os.PathLike[str], setting: str = "--output-dir"
 
 
 def _check_could_create(folder: Path) -> None:
-    """``OSError`` as ``mkdir`` + a write would raise it, without creating anything: the nearest existing folder at
-    or above ``folder`` must be a folder, writable, on a writable file system."""
+    """``OSError`` as ``mkdir`` + a write would raise it, leaving nothing behind: the nearest existing folder at or
+    above ``folder`` must be a folder, writable, on a writable file system, where a folder can be made (one is made
+    and removed at once)."""
     existing = folder.absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -82,6 +83,7 @@ def _check_could_create(folder: Path) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(existing))
     if not os.access(existing, os.W_OK | os.X_OK):
         raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(existing))
+    os.rmdir(tempfile.mkdtemp(dir=existing))  # what os.access cannot tell (root in /proc, some mounts): a real mkdir
 
 
 def new_run_id() -> str:
