@@ -31,6 +31,7 @@ __all__ = [
     "UsageParser",
     "checkpoint_sentence",
     "describe_failure",
+    "end_sigterm_stop",
     "run_command",
     "stop_on_sigterm",
 ]
@@ -50,7 +51,16 @@ def stop_on_sigterm() -> None:
     def terminate(signum: int, frame: object) -> None:
         raise Terminated()
 
+    terminate.stops_the_run = True  # type: ignore[attr-defined]
     signal.signal(signal.SIGTERM, terminate)
+
+
+def end_sigterm_stop() -> None:
+    """Once the command's work has ended, SIGTERM ends the process as it would any other (status 143, nothing
+    printed): raised during interpreter shutdown, ``Terminated`` would only show up as an "Exception ignored in
+    atexit callback" traceback of some package's clean-up, with status 0."""
+    if getattr(signal.getsignal(signal.SIGTERM), "stops_the_run", False):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class UsageParser(argparse.ArgumentParser):
@@ -115,3 +125,5 @@ def run_command(body: Callable[[], int | None], *, interrupted: str = "", prefix
         status, line = known
         print(f"{prefix}: {line}", file=sys.stderr)
         return status
+    finally:
+        end_sigterm_stop()

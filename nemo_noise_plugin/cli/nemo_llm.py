@@ -49,7 +49,7 @@ from nemo_noise_plugin.cli.console import (
     quiet_third_party,
     running_the_plugin_command,
 )
-from nemo_noise_plugin.cli.exits import run_command, stop_on_sigterm
+from nemo_noise_plugin.cli.exits import end_sigterm_stop, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
 
 quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
@@ -218,7 +218,10 @@ class FinetuneRunContext(RunContext):
             self.verbose = verbose
             stop_on_sigterm()
             if verbose:  # full tracebacks
-                self.cli_execute(fn, ctx.args)
+                try:
+                    self.cli_execute(fn, ctx.args)
+                finally:
+                    end_sigterm_stop()
                 return
             status = run_command(lambda: self.cli_execute(fn, ctx.args), prefix="Error")  # cli.exits: 2, 1, 130, 143
             if status:

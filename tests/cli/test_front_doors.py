@@ -209,3 +209,31 @@ def test_an_interrupt_before_any_checkpoint_says_so_and_exits_128_plus_the_signa
     word = "interrupted" if signum == signal.SIGINT else "terminated"
     assert _one_line(result) == f"{word}: no checkpoint was saved yet, so the same command starts from iteration 0."
     assert not list((tmp_path / "checkpoints").glob("cpu_state-*.pt"))
+
+
+def test_a_sigterm_after_the_command_ended_ends_the_process_quietly():
+    """A fresh bad-input pass sent SIGTERM just after a dry run had printed: the plugin's handler was still set, so
+    ``Terminated`` was raised inside a package's atexit clean-up ("Exception ignored ... Traceback", status 0)."""
+    from nemo_noise_plugin.cli.exits import EXIT_TERMINATED, run_command, stop_on_sigterm
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        stop_on_sigterm()
+
+        def body() -> int:
+            assert getattr(signal.getsignal(signal.SIGTERM), "stops_the_run", False)  # set while the work runs
+            return 0
+
+        assert run_command(body) == 0
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # after it: the default, killed with 143
+
+        stop_on_sigterm()
+
+        def terminated() -> int:
+            signal.raise_signal(signal.SIGTERM)
+            return 0
+
+        assert run_command(terminated) == EXIT_TERMINATED
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
