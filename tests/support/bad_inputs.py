@@ -180,6 +180,15 @@ def _audit(*arguments: str) -> Callable[[], None]:
     return run
 
 
+def _audit_into(output_dir: str, *arguments: str) -> Callable[[], None]:
+    def run() -> None:
+        from nemo_noise_plugin.cli.nemo_noise import run_audit
+
+        run_audit([*arguments, f"output_dir={output_dir}"])
+
+    return run
+
+
 def _preset(text: str, loader: str = "noise") -> Callable[[], None]:
     def run() -> None:
         from nemo_noise_plugin.distillation.config import load_kd_config
@@ -393,6 +402,8 @@ def _finetune_cases() -> list[BadInput]:
         BadInput(surface, "model.noise.alpha=-1", _finetune("model.noise.alpha=-1"), ("model.noise.alpha=-1",)),
         BadInput(surface, "model.noise.alpha=abc", _finetune("model.noise.alpha=abc"), ("model.noise.alpha",)),
         BadInput(surface, "model.noise.alpah=3", _finetune("model.noise.alpah=3"), ("model.noise.alpah",)),
+        BadInput(surface, "model.num_layers=0", _finetune("model.num_layers=0"), ("model.num_layers=0", ">= 1")),
+        BadInput(surface, "dataset.seq_length=-4", _finetune("dataset.seq_length=-4"), ("dataset.seq_length=-4",)),
         BadInput(
             surface,
             "model.noise.mechanism=cauchy",
@@ -626,6 +637,13 @@ def _audit_cases() -> list[BadInput]:
         BadInput(surface, "sweep=alpha:1,x", _audit("model=tiny", "sweep=alpha:1,x"), ("field:level",)),
         BadInput(surface, "sweep field of another mechanism", _audit("model=tiny", "sweep=eta:1"), ("eta", "alpha")),
         BadInput(surface, "tokens=many", _audit("model=tiny", "sweep=alpha:1", "tokens=many"), ("tokens='many'",)),
+        BadInput(surface, "sweep=alpha: (no levels)", _audit("model=tiny", "sweep=alpha:"), ("sweep='alpha:'",)),
+        BadInput(
+            surface,
+            "output_dir where no folder can be made",
+            _audit_into("/proc/nope", "model=tiny", "sweep=alpha:1"),
+            ("output_dir='/proc/nope'", "cannot be written"),
+        ),
         BadInput(surface, "attacks=nn_l3", _audit("model=tiny", "sweep=alpha:1", "attacks=nn_l3"), ("nn_l3",)),
         BadInput(surface, "unknown key", _audit("model=tiny", "sweep=alpha:1", "tokenz=5"), ("tokenz",)),
         BadInput(
