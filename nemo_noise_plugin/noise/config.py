@@ -268,5 +268,18 @@ class NoiseConfig(ValidatedSettings):
 
 def load_noise_config(name_or_path: str | os.PathLike[str], **overrides: Any) -> NoiseConfig:
     """A ``NoiseConfig`` from a preset name (``neftune_alpha5``; ``presets.available_presets("noise")``) or a YAML
-    file of its fields, then ``overrides``; validated like every ``NoiseConfig``."""
+    file of its fields, then ``overrides``; validated like every ``NoiseConfig``.
+
+    Args:
+        name_or_path: a preset of ``configs/noise`` (shipped in the wheel) or the path of a YAML file.
+        **overrides: ``NoiseConfig`` fields set after the file's (``seed=7``, ``alpha=10.0``).
+
+    Returns:
+        The validated ``NoiseConfig``.
+
+    Example::
+
+        config = load_noise_config("neftune_alpha5", seed=7)
+        private = load_noise_config("private_prompt_gaussian_mechanism", epsilon=20.0)
+    """
     return load_config_yaml_fields(NoiseConfig, preset_path("noise", name_or_path), **overrides)

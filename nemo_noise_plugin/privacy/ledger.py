@@ -122,6 +122,21 @@ def privacy_ledger(
     ``hidden_size`` adds the expected noise norm of a privacy mechanism, and is required by a clipped ``laplace``
     config, whose epsilon depends on it. ``config`` is checked as it is now first (``NoiseConfig.validate``: an
     assignment after construction is refused with a ``ValueError`` naming the field).
+
+    Args:
+        config: the noise settings of the run.
+        sequence_length: tokens per sequence (the per-sequence guarantee composes over them).
+        epochs: passes over each sequence.
+        delta: per-sequence delta for the conversions; None: ``config.delta``.
+        hidden_size: the model's hidden size ``d``.
+
+    Returns:
+        The ledger: per-token and per-sequence guarantees, or why the config gives none.
+
+    Example::
+
+        ledger = privacy_ledger(load_noise_config("dp_gaussian_mechanism"), sequence_length=512, hidden_size=576)
+        print(format_ledger(ledger))
     """
     config.validate()
     _check_count("sequence_length", sequence_length)

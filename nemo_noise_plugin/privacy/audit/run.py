@@ -68,6 +68,21 @@ def audit(
     ``tokens`` says how many were counted (``real``) and how many distinct ids they hold (``distinct_ids``).
     ``noise_config`` is checked as it is now first (``NoiseConfig.validate``: an assignment after construction is
     refused with a ``ValueError`` naming the field).
+
+    Args:
+        table: the model's input embedding table, ``[V, h]``.
+        token_ids: the audited tokens, ``[b, s]``.
+        noise_config: the noise training used (its level, scaling, clipping and token selection).
+        attacks: names from ``ATTACKS``.
+        lm_log_probs: a language model's next-token log-probabilities, for ``lm_beam``.
+
+    Returns:
+        The report: recovery per attack (overall, rare, special, Wilson intervals), noise norms and token counts.
+
+    Example::
+
+        report = audit(model.embedding.word_embeddings.weight, token_ids, load_noise_config("metric_dp"))
+        print(report["attacks"]["nn_l2"]["overall"]["rate"])  # share of real tokens the nearest row recovers
     """
     noise_config.validate()
     if rare_ids is None:

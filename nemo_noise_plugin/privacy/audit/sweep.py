@@ -168,6 +168,22 @@ def audit_sweep(
     nearest-neighbour distance from that many rows (``median_nearest_neighbour_distance``; default all).
     ``tokens`` and ``distinct_ids`` are how many audited tokens were counted and how many distinct ids they hold;
     ``metadata`` (e.g. ``data``: where the tokens came from) is copied to the top of the report.
+
+    Args:
+        table: the model's input embedding table, ``[V, h]``.
+        token_ids: the audited tokens, ``[b, s]``.
+        base_config: the noise settings each level changes one field of.
+        sweeps: the levels (``parse_sweeps("alpha:1,5,10", "uniform")``).
+        attacks: names from ``ATTACKS``.
+
+    Returns:
+        The report (``rows``, ``skipped``, the clean task loss and metric, token counts, ``metadata``).
+
+    Example::
+
+        sweeps = parse_sweeps("metric_dp/eta:100,50,30", "metric_dp")
+        report = audit_sweep(table, token_ids, load_noise_config("metric_dp"), sweeps)
+        write_sweep_report(report, "audit_out")
     """
     if isinstance(attacks, str) or not attacks:
         raise ValueError(f"attacks={attacks!r} is invalid: expected a non-empty list from {', '.join(ATTACKS)}.")
