@@ -18,8 +18,6 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
 if TYPE_CHECKING:
-    from megatron.bridge.training.config import ConfigContainer
-
     from nemo_noise_plugin.distillation.config import KDConfig
 
 __all__ = [
@@ -110,7 +108,7 @@ def finetuning_config(
     global_batch_size: int,
     micro_batch_size: int,
     lr_warmup_iters: int,
-) -> ConfigContainer:
+) -> Any:  # Bridge's ConfigContainer (megatron.bridge is imported only through upstream.bridge_imports)
     """The single-node Bridge ``ConfigContainer`` of the plugin's recipes around ``model``.
 
     Adam (``lr``, decaying to ``lr / 10`` on a cosine schedule, no weight decay, gradients clipped at 1), bf16, DDP
