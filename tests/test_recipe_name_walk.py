@@ -131,6 +131,7 @@ def _run_walk(*arguments: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_the_walk_from_nemo_llm_finetune_does_not_grow_back():
     walk = _run_walk()
     assert walk["exit_status"] in (0, None), walk["output_tail"]

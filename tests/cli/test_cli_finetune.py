@@ -341,6 +341,7 @@ def test_with_nemo2_installed_the_plugin_does_not_shadow_its_llm_finetune(tmp_pa
 # --- nemo llm finetune: the executable -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_nemo_help_lists_both_groups_and_llm_help_lists_finetune():
     top = _nemo("--help")
     assert top.returncode == 0, top.stderr[-3000:]

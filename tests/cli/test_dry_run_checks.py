@@ -50,6 +50,7 @@ def _dry_run(args: list[str], factory: str = "tiny_noise_sft") -> None:
     context.cli_execute(nemo_llm.finetune, list(args))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not NEMO.exists(), reason="the nemo script is not next to this Python")
 def test_a_dry_run_with_a_bad_setting_exits_2_with_the_one_line_error(tmp_path):
     env = {**os.environ, "NEMORUN_HOME": str(tmp_path / "home")}

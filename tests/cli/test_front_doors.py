@@ -92,8 +92,14 @@ def test_a_config_file_that_is_not_a_mapping_is_one_line_with_status_2(tmp_path,
     ("override", "words"),
     [
         ("train.micro_batch_size=3", "train.micro_batch_size=3 is invalid with train.global_batch_size=8"),
-        ("model.seq_length=1", "model.seq_length=1 is invalid: expected dataset.seq_length="),
-        ("dataset.seq_length=-4", "dataset.seq_length=-4 is invalid: expected an integer >= 1"),
+        pytest.param(  # each case is a whole nemo process (about 15 s): two of them run with the slow tests
+            "model.seq_length=1", "model.seq_length=1 is invalid: expected dataset.seq_length=", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            "dataset.seq_length=-4",
+            "dataset.seq_length=-4 is invalid: expected an integer >= 1",
+            marks=pytest.mark.slow,
+        ),
         ("checkpoint.save=/proc/nope/checkpoints", "checkpoint.save='/proc/nope/checkpoints' is invalid"),
     ],
     ids=["micro batch", "seq length", "data seq length", "unwritable checkpoint.save"],

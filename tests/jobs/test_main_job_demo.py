@@ -26,6 +26,7 @@ def _rows(out: str) -> list[list[str]]:
     return [list(match.groups()) for line in out.splitlines() if (match := PROGRESS_LINE.match(line))]
 
 
+@pytest.mark.slow
 def test_main_job_trains_the_tiny_recipe_and_writes_the_robustness_report(tmp_path):
     result = _run_demo("--steps", "6", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -91,6 +92,7 @@ def _assert_the_report_compares_noise_training_with_its_control(report: dict, ou
         assert words.startswith(no_gain), words
 
 
+@pytest.mark.slow
 def test_the_distillation_recipe_distils_from_a_clean_pretrained_teacher(tmp_path):
     result = _run_demo(
         "--recipe", "tiny_noise_distillation", "--steps", "2", "--clean-pretrain-steps", "25", "--no-control",
@@ -117,6 +119,7 @@ def test_main_job_rejects_bad_noise_settings_with_the_field_name():
     assert "NoiseConfig.alpha=-1.0 is invalid: expected a finite number >= 0." in result.stderr
 
 
+@pytest.mark.slow
 def test_main_job_takes_a_yaml_preset_and_flag_overrides(tmp_path):
     result = _run_demo("--steps", "1", "--noise-config", "gaussian", "--sigma", "3", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]

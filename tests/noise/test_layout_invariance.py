@@ -138,7 +138,10 @@ def references(megatron_cpu):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
+@pytest.mark.parametrize(
+    "layout",
+    [pytest.param(name, marks=pytest.mark.slow) if LAYOUTS[name]["world_size"] > 2 else name for name in LAYOUTS],
+)  # the 4-process layout is slow (about 20 s): the main suite stays under 10 minutes
 def test_global_batch_gets_bit_identical_noise_at_every_layout(references, layout):
     spec = dict(LAYOUTS[layout])
     world_size = spec.pop("world_size")

@@ -193,6 +193,7 @@ def _ledger_table(output: str) -> str:
     return output[output.index("Privacy ledger:") :].strip()
 
 
+@pytest.mark.slow
 def test_nemo_noise_ledger_prints_the_same_table():
     nemo = pathlib.Path(sys.executable).with_name("nemo")
     result = subprocess.run(

@@ -136,6 +136,7 @@ def test_the_decorator_refuses_what_no_command_could_resolve(scratch_registry):
     assert "my_model_noise_sft" not in RECIPES
 
 
+@pytest.mark.slow
 def test_every_recipe_builds_the_config_it_built_before_the_registry_moved(tmp_path):
     """Each registered recipe (and a few with arguments) as plain data, against the snapshot taken before."""
     out = tmp_path / "now.json"
