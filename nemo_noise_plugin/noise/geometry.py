@@ -190,7 +190,7 @@ def _local_private_mask(batch: NoiseBatchInputs, local_index: torch.Tensor, cp_l
     if mask is None:
         raise ValueError(
             "NoiseConfig.tokens='spans' needs the batch's private_mask (True inside a marked private span), and the "
-            "forward call passed none. Give the batch a 'private_mask' key (data.private_spans builds it from an "
+            "forward call passed none. Give the batch a 'private_mask' key (data.span_dataset builds it from an "
             "SFT JSONL's 'private_spans'), pass private_mask= to noise_batch_inputs, or set noise.tokens='all'."
         )
     if mask.dim() != 2 or mask.size(1) != cp_local_length:
