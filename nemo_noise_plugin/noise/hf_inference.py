@@ -38,6 +38,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import LocalLayout, NoiseBatchInputs, TokenGeometry
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
+from nemo_noise_plugin.noise.projection import project_noised
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.validation import check_int
 
@@ -74,15 +75,17 @@ def _noise_rows(
     response: torch.Tensor | None,
     padded_length: int,
     iteration: int,
+    embedding: torch.nn.Module,
 ) -> torch.Tensor:
     """``[b, s, h]`` embeddings with the noise layer's noise on each row's real tokens (padding left as it is).
 
     Row ``j``'s real tokens (``real``, in order) sit at token positions ``first_position[j] + 0, 1, ...`` of sample
-    ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``).
+    ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``). With
+    ``projection='nearest_row'`` each noised token is then replaced by its nearest row of ``embedding``'s table.
     """
     if not config.is_active_configuration:
         return embeds
-    out = embeds.clone()
+    out, noised = embeds.clone(), torch.zeros(real.shape, dtype=torch.bool, device=embeds.device)
     for row in range(embeds.size(0)):
         columns = real[row].nonzero().view(-1)
         count = columns.numel()
@@ -99,8 +102,9 @@ def _noise_rows(
         )
         batch = NoiseBatchInputs(input_ids=input_ids[row, columns].view(1, count))
         clock = NoiseClock(iteration=iteration, microbatch=row)
-        out[row, columns] = _PlacedNoise(config, placed)(embeds[row, columns].unsqueeze(1), batch, clock).squeeze(1)
-    return out
+        placed_noise = _PlacedNoise(config, placed).noise_and_selection(embeds[row, columns].unsqueeze(1), batch, clock)
+        out[row, columns], noised[row, columns] = placed_noise[0].squeeze(1), placed_noise[1].squeeze(1)
+    return out if config.projection == "none" else project_noised(out, noised, embedding, config).decoder_input
 
 
 def noised_inputs_embeds(
@@ -186,6 +190,7 @@ def noised_inputs_embeds(
         response=None if response is None else response.to(embeds.device),
         padded_length=input_ids.size(1),
         iteration=iteration,
+        embedding=embedding,
     )
 
 
@@ -352,6 +357,7 @@ class EmbeddingNoiseHook:
             response=None if placed.response is None else placed.response.to(output.device),
             padded_length=output.size(1),
             iteration=placed.iteration,
+            embedding=module,
         )
 
 
