@@ -2,7 +2,8 @@
 
 Times ``noise.projection.nearest_rows`` on ``--tokens`` noised rows of a table: SmolLM2-135M-Instruct's
 ``model.embed_tokens.weight`` (49152 x 576) from a ``model.safetensors`` file, or a random table of that shape.
-Prints one JSON line (median and spread of ``--repeats`` timed calls after one warm-up, and the recovery).
+Prints one JSON line: wall time (median and spread of ``--repeats`` timed calls after one warm-up), the median
+process CPU time (all threads; on a shared machine the wall time also holds the waits), and the recovery.
 
     python benchmarks/projection_cost.py --table "$(python scripts/fetch_smollm2.py)/model.safetensors"
     python benchmarks/projection_cost.py --device cuda --tokens 65536
@@ -48,14 +49,14 @@ def main() -> None:
     def timed() -> tuple[float, torch.Tensor]:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         found = nearest_rows(queries, table, metric=args.metric, max_elements=args.max_elements)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
-        return time.perf_counter() - start, found
+        return time.perf_counter() - start, time.process_time() - cpu_start, found
 
     timed()  # warm-up
-    seconds, found = zip(*(timed() for _ in range(args.repeats)), strict=True)
+    seconds, cpu_seconds, found = zip(*(timed() for _ in range(args.repeats)), strict=True)
     print(
         json.dumps(
             {
@@ -67,6 +68,7 @@ def main() -> None:
                 "median_s": round(statistics.median(seconds), 4),
                 "min_s": round(min(seconds), 4),
                 "max_s": round(max(seconds), 4),
+                "median_cpu_s": round(statistics.median(cpu_seconds), 4),
                 "recovery": round(float((found[0] == ids).float().mean()), 4),
             }
         )
