@@ -165,8 +165,10 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
             input_ids=input_ids,
             packed_seq_params=_first_given(packed_seq_params, handed.packed_seq_params),
         )
-        noised, selected = self.noise_layer.noise_and_selection(embedded, batch, self.noise_clock)
-        if self.noise_config.projection != "none":  # nearest-row projection (noise/projection.py)
+        if self.noise_config.projection == "none":
+            noised = self.noise_layer(embedded, batch, self.noise_clock)
+        else:  # nearest-row projection of the noised tokens (noise/projection.py)
+            noised, selected = self.noise_layer.noise_and_selection(embedded, batch, self.noise_clock)
             word_embeddings, sequence_parallel = self.embedding.word_embeddings, self.noise_layer.sequence_parallel
             projection = project_noised(noised, selected, word_embeddings, self.noise_config, sequence_parallel)
             noised, self.projected_ids = projection.decoder_input, projection.ids
