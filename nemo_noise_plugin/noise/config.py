@@ -26,6 +26,8 @@ NoiseScaling = Literal["true_length", "padded_length", "absolute", "embedding_di
 TokenSelection = Literal["all", "prompt", "response", "spans"]
 ScheduleKind = Literal["constant", "linear", "cosine"]
 Calibration = Literal["analytic", "classical"]
+Projection = Literal["none", "nearest_row"]
+ProjectionMetric = Literal["l2", "cosine"]
 
 # Views of the family registry (noise/families.py), kept importable under their names.
 MECHANISMS: tuple[str, ...] = tuple(NOISE_FAMILIES)
@@ -40,6 +42,8 @@ SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute", "embedd
 TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response", "spans")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 CALIBRATIONS: tuple[str, ...] = ("analytic", "classical")
+PROJECTIONS: tuple[str, ...] = ("none", "nearest_row")
+PROJECTION_METRICS: tuple[str, ...] = ("l2", "cosine")
 _FIELD = "NoiseConfig."
 
 
@@ -122,6 +126,13 @@ class NoiseConfig(ValidatedSettings):
     """Add noise only while the model is in training mode (``model.train()``); False noises in eval too."""
     seed: int = 1234
     """Philox key of the noise (independent of Megatron's RNG); the same seed gives the same noise at any layout."""
+    projection: Projection = "none"
+    """``nearest_row``: each noised token's embedding is then replaced by the embedding-table row nearest to it
+    (``noise/projection.py``). Post-processing of the noised embedding: any DP guarantee of the mechanism is
+    unchanged. Any mechanism; it does something only while noise is added."""
+    projection_metric: ProjectionMetric = "l2"
+    """What ``nearest_row`` means: ``l2`` (distance to the rows as the mechanism noises them, clipped where it clips)
+    or ``cosine`` (the most similar direction)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -144,6 +155,8 @@ class NoiseConfig(ValidatedSettings):
         check_choice(_FIELD + "tokens", self.tokens, TOKEN_SELECTIONS)
         check_choice(_FIELD + "schedule", self.schedule, SCHEDULES)
         check_choice(_FIELD + "calibration", self.calibration, CALIBRATIONS)
+        check_choice(_FIELD + "projection", self.projection, PROJECTIONS)
+        check_choice(_FIELD + "projection_metric", self.projection_metric, PROJECTION_METRICS)
         for name in ("enabled", "training_only"):
             check_bool(_FIELD + name, getattr(self, name))
         for name in _NON_NEGATIVE_MAGNITUDES:

@@ -35,23 +35,12 @@ from typing import Any
 
 import torch
 
+from nemo_noise_plugin.noise import hf_inputs
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import LocalLayout, NoiseBatchInputs, TokenGeometry
-from nemo_noise_plugin.noise.hf_arguments import (
-    cached_length,
-    check_input_ids,
-    check_mask,
-    check_noise_config,
-    first_positions,
-    input_embeddings,
-    named_arguments,
-    private_columns,
-    shape_of,
-    shown,
-    token_parts,
-)
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
+from nemo_noise_plugin.noise.projection import project_noised
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.validation import check_int
 
@@ -88,17 +77,19 @@ def _noise_rows(
     response: torch.Tensor | None,
     padded_length: int,
     iteration: int,
+    embedding: torch.nn.Module,
     private: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[b, s, h]`` embeddings with the noise layer's noise on each row's real tokens (padding left as it is).
 
     Row ``j``'s real tokens (``real``, in order) sit at token positions ``first_position[j] + 0, 1, ...`` of sample
-    ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``).
+    ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``). With
+    ``projection='nearest_row'`` each noised token is then replaced by its nearest row of ``embedding``'s table.
     ``private`` (``[b, s]``) marks the private-span tokens for ``tokens='spans'``.
     """
     if not config.is_active_configuration:
         return embeds
-    out = embeds.clone()
+    out, noised = embeds.clone(), torch.zeros(real.shape, dtype=torch.bool, device=embeds.device)
     for row in range(embeds.size(0)):
         columns = real[row].nonzero().view(-1)
         count = columns.numel()
@@ -116,8 +107,9 @@ def _noise_rows(
         )
         batch = NoiseBatchInputs(input_ids=input_ids[row, columns].view(1, count))
         clock = NoiseClock(iteration=iteration, microbatch=row)
-        out[row, columns] = _PlacedNoise(config, placed)(embeds[row, columns].unsqueeze(1), batch, clock).squeeze(1)
-    return out
+        placed_noise = _PlacedNoise(config, placed).noise_and_selection(embeds[row, columns].unsqueeze(1), batch, clock)
+        out[row, columns], noised[row, columns] = placed_noise[0].squeeze(1), placed_noise[1].squeeze(1)
+    return out if config.projection == "none" else project_noised(out, noised, embedding, config).decoder_input
 
 
 def noised_inputs_embeds(
@@ -167,22 +159,24 @@ def noised_inputs_embeds(
     Returns:
         ``[b, s, h]`` embeddings in the embedding's dtype, on its device.
     """
-    check_noise_config(noise_config)
-    embedding = input_embeddings(model)
-    check_input_ids(input_ids, embedding)
-    real = check_mask("attention_mask", attention_mask, input_ids)
-    check_mask("loss_mask", loss_mask, input_ids)
+    hf_inputs.check_noise_config(noise_config)
+    embedding = hf_inputs.input_embeddings(model)
+    hf_inputs.check_input_ids(input_ids, embedding)
+    real = hf_inputs.check_mask("attention_mask", attention_mask, input_ids)
+    hf_inputs.check_mask("loss_mask", loss_mask, input_ids)
     check_int("iteration", iteration, maximum=_MAX_UINT32)
-    first_position = first_positions(position_offset, input_ids)
+    first_position = hf_inputs.first_positions(position_offset, input_ids)
     resumes = bool((first_position > 0).any())
     family = noise_family(noise_config.mechanism)
     if resumes and family.length_scaled and noise_config.scaling in _LENGTH_DEPENDENT_SCALINGS:
         raise ValueError(
-            f"position_offset={shown(position_offset)} is invalid with NoiseConfig.scaling="
+            f"position_offset={hf_inputs.shown(position_offset)} is invalid with NoiseConfig.scaling="
             f"{noise_config.scaling!r}: the NEFTune factor 1/sqrt(L d) needs the whole sequence's length L. "
             "Expected position_offset=0 (pass whole sequences) or scaling='absolute'/'embedding_distance'."
         )
-    response, private = token_parts(noise_config, real, loss_mask, private_mask, position_offset, resumes=resumes)
+    response, private = hf_inputs.token_parts(
+        noise_config, real, loss_mask, private_mask, position_offset, resumes=resumes
+    )
     embeds = embedding(input_ids)
     return _noise_rows(
         embeds,
@@ -193,6 +187,7 @@ def noised_inputs_embeds(
         response=None if response is None else response.to(embeds.device),
         padded_length=input_ids.size(1),
         iteration=iteration,
+        embedding=embedding,
         private=None if private is None else private.to(embeds.device),
     )
 
@@ -254,7 +249,7 @@ class EmbeddingNoiseHook:
     """
 
     def __init__(self, noise_config: NoiseConfig, *, iteration: int = 0) -> None:
-        check_noise_config(noise_config)
+        hf_inputs.check_noise_config(noise_config)
         check_int("iteration", iteration, maximum=_MAX_UINT32)
         family = noise_family(noise_config.mechanism)
         if family.length_scaled and noise_config.scaling in _LENGTH_DEPENDENT_SCALINGS:
@@ -288,7 +283,7 @@ class EmbeddingNoiseHook:
         """Noise ``model``'s input embeddings from now on; returns the hook."""
         if self.attached:
             raise ValueError(f"EmbeddingNoiseHook is already attached to {self._model_name}: detach() it first.")
-        embedding = input_embeddings(model)
+        embedding = hf_inputs.input_embeddings(model)
         base = getattr(model, "base_model", model)
         if not isinstance(base, torch.nn.Module):
             raise ValueError(
@@ -310,9 +305,9 @@ class EmbeddingNoiseHook:
 
     def _before_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Place the tokens of this forward: which are real, the position of each row's first, the query."""
-        named = named_arguments(module, args, kwargs)
+        named = hf_inputs.named_arguments(module, args, kwargs)
         input_ids = named.get("input_ids")
-        past = cached_length(named.get("past_key_values"))
+        past = hf_inputs.cached_length(named.get("past_key_values"))
         if past == 0 or self._query is None:
             width = 0 if input_ids is None else input_ids.size(-1)
             self._query = _Query(iteration=self.next_iteration, prompt_width=past + width)
@@ -328,8 +323,8 @@ class EmbeddingNoiseHook:
         else:
             if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or tuple(mask.shape) != (batch, past + width):
                 raise ValueError(
-                    f"attention_mask has shape {shape_of(mask)}: EmbeddingNoiseHook expected the 2-D mask of the "
-                    f"whole sequence, [batch, cached + new] = [{batch}, {past} + {width}] (1 real, 0 padding); "
+                    f"attention_mask has shape {hf_inputs.shape_of(mask)}: EmbeddingNoiseHook expected the 2-D mask of "
+                    f"the whole sequence, [batch, cached + new] = [{batch}, {past} + {width}] (1 real, 0 padding); "
                     "static caches' 4-D masks are not supported."
                 )
             mask = mask.bool()
@@ -339,7 +334,7 @@ class EmbeddingNoiseHook:
         if self.noise_config.tokens in ("prompt", "response"):
             columns = past + torch.arange(width, device=input_ids.device)
             response = (columns >= self._query.prompt_width).view(1, -1).expand(batch, width)
-        private = private_columns(self.noise_config, self.private_mask, batch, past, width, input_ids.device)
+        private = hf_inputs.private_columns(self.noise_config, self.private_mask, batch, past, width, input_ids.device)
         self._forward = _Forward(real, first_position, response, self._query.iteration, private)
 
     def _after_lookup(self, module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
@@ -366,6 +361,7 @@ class EmbeddingNoiseHook:
             response=None if placed.response is None else placed.response.to(output.device),
             padded_length=output.size(1),
             iteration=placed.iteration,
+            embedding=module,
             private=None if placed.private is None else placed.private.to(output.device),
         )
 

@@ -93,12 +93,18 @@ class EmbeddingNoise:
 
     def __call__(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, clock: NoiseClock) -> torch.Tensor:
         """Return ``decoder_input`` plus this (iteration, microbatch)'s noise; gradients flow to the input."""
+        return self.noise_and_selection(decoder_input, batch, clock)[0]
+
+    def noise_and_selection(
+        self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, clock: NoiseClock
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The noised ``decoder_input`` (as ``__call__``) and the ``[s, b]`` mask of the tokens that got noise."""
         layout = self.layout()
         geometry = self.geometry(decoder_input, batch, layout)
         selected = selected_tokens(self.config, geometry, batch.input_ids)
         micro_batch_size = decoder_input.size(1)
         sample_index = global_sample_indices(micro_batch_size, clock.microbatch, layout, decoder_input.device)
-        return apply_noise(
+        noised = apply_noise(
             decoder_input,
             self.config,
             factor=schedule_factor(self.config, clock.iteration),
@@ -107,3 +113,4 @@ class EmbeddingNoise:
             sample_index=sample_index,
             iteration=clock.iteration,
         )
+        return noised, selected

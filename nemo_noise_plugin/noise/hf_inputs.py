@@ -1,8 +1,9 @@
-"""Argument checks and readers of the Hugging Face inference-noise helpers (``noise/hf_inference.py``).
+"""The Hugging Face serving helper's inputs (``noise/hf_inference.py``): checked, and read into what the noise needs.
 
-Each check raises a ``ValueError`` naming the argument, its value (or shape) and what is expected; the readers turn
-a forward's arguments (masks, position offsets, caches) into what the noise layer needs. Imports torch and the
-``validation`` helpers only; transformers is never imported (the models are duck-typed).
+The checks raise a ``ValueError`` naming the argument, its value or shape, and what is expected; the readers turn a
+transformers call's arguments into token positions, the prompt/response split, the private spans and the KV
+cache's length. Imports
+torch and the noise config only; transformers is never imported (the models are duck-typed).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def input_embeddings(model: Any) -> torch.nn.Module:
 
 
 def check_noise_config(noise_config: object) -> None:
+    """A ``ValueError`` unless ``noise_config`` is a ``NoiseConfig``."""
     if not isinstance(noise_config, NoiseConfig):
         raise ValueError(
             f"noise_config={noise_config!r} is invalid: expected a nemo_noise_plugin NoiseConfig "
@@ -60,6 +62,7 @@ def check_noise_config(noise_config: object) -> None:
 
 
 def check_input_ids(input_ids: object, embedding: torch.nn.Module) -> None:
+    """A ``ValueError`` unless ``input_ids`` is an integer ``[b, s]`` tensor of ids of ``embedding``'s rows."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
         raise ValueError(f"input_ids has shape {shape_of(input_ids)}: expected an integer [b, s] tensor of token ids.")
     vocab = getattr(embedding, "num_embeddings", None)
@@ -132,10 +135,12 @@ def cached_length(past_key_values: object) -> int:
 
 
 def shape_of(value: object) -> str:
+    """A tensor's shape as a list, or any other value's repr, for error messages."""
     return str(list(value.shape)) if isinstance(value, torch.Tensor) else repr(value)
 
 
 def shown(value: object) -> str:
+    """A tensor's values as a list, or any other value's repr, for error messages."""
     return str(value.tolist()) if isinstance(value, torch.Tensor) else repr(value)
 
 
