@@ -744,7 +744,11 @@ class PrivacyAuditCallback(import_bridge("megatron.bridge.training.callbacks").C
         tokens = torch.cat([batch["tokens"] for batch in self.batches])
         loss_mask = torch.cat([batch["loss_mask"] for batch in self.batches])
         step = int(context.state.train_state.step)
-        report = audit(table, tokens, self.noise, self.attacks, iteration=step, loss_mask=loss_mask)
+        private = [batch.get("private_mask") for batch in self.batches]  # tokens='spans': attack the spans only
+        private_mask = torch.cat(private) if all(mask is not None for mask in private) else None
+        report = audit(
+            table, tokens, self.noise, self.attacks, iteration=step, loss_mask=loss_mask, private_mask=private_mask
+        )
         if self.provenance is None:
             self.provenance = compact_provenance(run_provenance(context.state.cfg, self.recipe))
         entry = {"step": step, **report, "provenance": self.provenance}
