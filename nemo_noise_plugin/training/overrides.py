@@ -7,7 +7,8 @@ dropped with a log warning. ``apply_overrides`` runs the same Bridge machinery, 
 ``NoiseConfig``/``KDConfig`` from its overridden fields and checks every key, raising ``ConfigOverrideError`` that
 names the full key (``model.noise.alpha=-1 is invalid: ...``) before the config is changed or any GPU memory is
 touched. ``load_config_yaml`` reloads a ``ConfigContainer.to_yaml`` file (e.g. a checkpoint's ``run_config.yaml``)
-that names the plugin's classes. The command line and users' launch scripts call both. YAML files are read by the
+that names the plugin's classes; a ``_target_`` of a class that moved is read at its new path (``MOVED_TARGETS``).
+The command line and users' launch scripts call both. YAML files are read by the
 plugin's rules (``yaml_files``: ``lr: 1e-3`` is 0.001, a repeated key or an empty file is an error naming the file).
 """
 
@@ -29,14 +30,22 @@ from nemo_noise_plugin.yaml_files import YAMLInputError, load_yaml_file
 
 __all__ = [
     "VALIDATED_CONFIG_TYPES",
+    "MOVED_TARGETS",
     "ConfigOverrideError",
     "apply_overrides",
+    "current_targets",
     "load_config_yaml",
     "validate_plugin_settings",
 ]
 
 VALIDATED_CONFIG_TYPES: tuple[type, ...] = (NoiseConfig, KDConfig)
 """Dataclasses that ``apply_overrides`` rebuilds from their overridden fields, so their ``__post_init__`` runs."""
+
+MOVED_TARGETS: dict[str, str] = {
+    "nemo_noise_plugin.distillation.kd_config.KDConfig": "nemo_noise_plugin.distillation.config.KDConfig",
+}
+"""Old ``_target_`` -> the class's path now, for run YAML written before a class moved (``--config-file``,
+``load_config_yaml``); no module stays at an old path."""
 
 _INSTANTIATION_KEYS = frozenset({"_target_", "_call_", "_args_", "_partial_", "_recursive_", "_convert_"})
 _FLOAT_TYPES = frozenset({"float", "float | None", float, float | None})
@@ -142,7 +151,19 @@ def _config_file_values(config: Any, path: str | os.PathLike[str]) -> dict:
         loaded = load_yaml_file(name, what="a mapping of config fields (e.g. model: {noise: {alpha: 10}})")
     except (YAMLInputError, OSError) as error:
         raise ConfigOverrideError(f"config file {error}") from error
-    return _file_fields(config, loaded, "")
+    return _file_fields(config, current_targets(loaded), "")
+
+
+def current_targets(values: Any) -> Any:
+    """``values`` with every ``_target_`` of ``MOVED_TARGETS`` renamed to the class's path now (a new mapping)."""
+    if isinstance(values, dict):
+        return {
+            key: MOVED_TARGETS.get(item, item) if key == "_target_" else current_targets(item)
+            for key, item in values.items()
+        }
+    if isinstance(values, list):
+        return [current_targets(item) for item in values]
+    return values
 
 
 def _file_fields(owner: Any, values: dict, path: str) -> dict:
@@ -195,6 +216,7 @@ def load_config_yaml(path: str | os.PathLike[str]):
     import nemo_noise_plugin.providers  # noqa: F401  (adds "nemo_noise_plugin." to Bridge's allowlist)
 
     values = load_yaml_file(path, what="a ConfigContainer mapping, as ConfigContainer.to_yaml writes it")
+    values = current_targets(values)
     container = import_bridge("megatron.bridge.training.config").ConfigContainer
     return container.from_dict(OmegaConf.to_container(OmegaConf.create(values), resolve=True))
 
