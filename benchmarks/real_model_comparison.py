@@ -44,7 +44,7 @@ def run_one(variant: str, seed: int, steps: int, lr: float, output_dir: str) -> 
     from nemo_noise_plugin.jobs.launch.launcher import launch
     from nemo_noise_plugin.jobs.progress import ProgressLine
     from nemo_noise_plugin.jobs.reports.robustness import held_out_batches, logits_of, robustness_curve
-    from nemo_noise_plugin.jobs.reports.task_report import exact_match
+    from nemo_noise_plugin.jobs.reports.task_metric import exact_match
     from nemo_noise_plugin.recipes.smollm2 import (
         smollm2_135m_noise_distillation_config,
         smollm2_135m_noise_sft_config,

@@ -49,7 +49,19 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     (JOBS, "executors", ("jobs.executors",)),
     (JOBS, "main job", ("jobs.main_job",)),
     (JOBS, "launch", ("jobs.launch",)),
+    (JOBS, "audit", ("jobs.audit",)),
     (JOBS, "reports", ("jobs.reports",)),
+    (
+        JOBS,
+        "report measures",
+        (
+            "jobs.reports.robustness_statistics",
+            "jobs.reports.task_metric",
+            "jobs.reports.task_frontier",
+            "jobs.reports.hf_export",
+        ),
+    ),
+    (JOBS, "report files", ("jobs.reports.artifacts", "jobs.reports.provenance")),
     (JOBS, "CPU loop", ("jobs.cpu",)),
     (JOBS, "progress, batches", ("jobs",)),
     (LIBRARY, "package", ("",)),
@@ -67,6 +79,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "distillation.pipeline_teacher",
             "distillation.losses",
+            "distillation.divergences",
             "distillation.kd_kernel",
             "distillation.vocab_parallel",
             "distillation.config",
