@@ -695,7 +695,7 @@ def main() -> None:
         spec["frontier_levels"] = tuple(spec["frontier_levels"])
         hf_path = args.hf_path
         if hf_path is None:
-            from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
+            from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
 
             hf_path = str(ensure_smollm2_hf())
         run_cell(Cell(**spec), Path(args.out), hf_path, args.epochs)

@@ -63,6 +63,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (JOBS, "report files", ("jobs.reports.artifacts", "jobs.reports.provenance")),
     (JOBS, "CPU loop", ("jobs.cpu",)),
+    (JOBS, "models", ("jobs.models",)),
     (JOBS, "progress, batches", ("jobs",)),
     (LIBRARY, "package", ("",)),
     (LIBRARY, "forward steps, overrides", ("training",)),

@@ -158,3 +158,17 @@ def test_the_wing_comes_from_the_first_folder_not_from_the_floors_table(tmp_path
     assert report.misplaced == ["nemo_noise_plugin.training.launch"]
     assert checker.wing_of_module("nemo_noise_plugin.__main__", "nemo_noise_plugin") == checker.CLI
     assert checker.wing_of_module("nemo_noise_plugin.utils", "nemo_noise_plugin") == checker.LIBRARY
+
+
+def test_no_library_module_runs_pip_or_writes_a_model_cache():
+    """Fetching and converting a pretrained model is the jobs wing's (``jobs/models/``): the library builds models
+    from the ``hf_path`` it is given."""
+    checker = _checker()
+    report = checker.check(REPO)
+    library = [name for name in report.modules if checker.wing_of_module(name, checker.PACKAGE) == checker.LIBRARY]
+    assert "nemo_noise_plugin.recipes.smollm2" in library and len(library) > 60
+    marks = ('"pip"', "pip download", "NEMO_NOISE_MODEL_CACHE", "model_cache_dir", "ensure_smollm2_hf")
+    found = {name: [mark for mark in marks if mark in report.modules[name].read_text()] for name in library}
+    assert {name: hits for name, hits in found.items() if hits} == {}
+    jobs_models = report.modules["nemo_noise_plugin.jobs.models.fetch_wheel"].read_text()
+    assert '"pip"' in jobs_models and "NEMO_NOISE_MODEL_CACHE" in jobs_models  # the marks are where they belong

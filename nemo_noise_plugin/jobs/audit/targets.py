@@ -72,7 +72,7 @@ def _tiny_gpt(seed: int) -> torch.nn.Module:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     from nemo_noise_plugin.jobs.cpu import init_cpu_parallel
-    from nemo_noise_plugin.recipes.tiny import CUDA_FREE_SETTINGS
+    from nemo_noise_plugin.recipes.common import CUDA_FREE_SETTINGS
 
     init_cpu_parallel(seed=seed)
     config = TransformerConfig(
@@ -211,7 +211,7 @@ def smollm2_target(
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
+    from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
     from nemo_noise_plugin.privacy.audit import noised_embeddings
 
     check_audit_data(data, "smollm2")
