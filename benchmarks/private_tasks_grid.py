@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -46,10 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.*, fr
 
 from benchmarks.grid_driver import run_cells, this_python, write_result  # noqa: E402
 
-SEQ, GLOBAL_BATCH, MICRO_BATCH, LR = 128, 64, 64, 2e-4
+SMOKE = os.environ.get("PRIVATE_GRID_SMOKE") == "1"
+"""A CPU check of the whole cell path: one step of 4 examples, one batch scored, one level per region."""
+SEQ, GLOBAL_BATCH, MICRO_BATCH, LR = (128, 4, 4, 2e-4) if SMOKE else (128, 64, 64, 2e-4)
 CLIP_NORM = 3.0
 EVAL_NOISE_SEED = 777
-ATTACK_CHATS = 48
+ATTACK_CHATS = 4 if SMOKE else 48
 """Held-out test chats (and canaries) whose noised tokens the attacks try to recover."""
 SCORED_EXAMPLES = 400
 """Test examples scored per (model, level, serving mode)."""
@@ -203,13 +206,11 @@ def substituted(
     """``batches`` with the region's tokens replaced by the SANTEXT-style exponential mechanism at the level's
     per-token parameter (``privacy.text_substitution``), and how many substituted tokens kept their id."""
     import torch
-
     from nemo_noise_plugin.privacy.text_substitution import substitute_tokens
 
     parameters = LEVELS[level]
     kept = total = 0
     out = []
-    generator = torch.Generator(device="cpu").manual_seed(EVAL_NOISE_SEED)
     for batch in batches:
         mask = noised_token_mask(batch, region, special_ids, eos_id)
         ids = substitute_tokens(
@@ -218,8 +219,8 @@ def substituted(
             mask,
             epsilon=parameters.get("epsilon", parameters.get("eta")),
             clip_norm=CLIP_NORM,
-            metric="l2" if "epsilon" in parameters else "l2_metric",
-            generator=generator,
+            guarantee="pure" if "epsilon" in parameters else "metric",
+            seed=EVAL_NOISE_SEED + len(out),
         )
         kept += int((ids[mask] == batch["tokens"][mask]).sum())
         total += int(mask.sum())
@@ -321,26 +322,21 @@ def _without_hits(scores: dict[str, Any]) -> dict[str, Any]:
 
 def canary_batches(state: Any, device: Any) -> list[dict[str, Any]]:
     """The span family's canaries as batches of the run's dataset class and tokenizer (never trained on)."""
-    from nemo_noise_plugin.data.span_dataset import PrivateSpanChatDataset
     from nemo_noise_plugin.data.tasks.shipped import CANARY_SPLIT, task_files
+
+    from nemo_noise_plugin.data.span_dataset import PrivateSpanChatDataset
     from nemo_noise_plugin.jobs.batches import collate, recipe_tokenizer
 
-    dataset_config = state.cfg.dataset
     dataset = PrivateSpanChatDataset(
         str(task_files("support")[CANARY_SPLIT]),
         recipe_tokenizer(state),
-        max_seq_length=dataset_config.seq_length,
-        **canary_dataset_kwargs(dataset_config),
+        max_seq_length=state.cfg.dataset.seq_length,
+        is_test=True,
+        use_hf_tokenizer_chat_template=True,
+        loss_mode="assistant",
     )
     size = min(state.cfg.train.micro_batch_size, len(dataset))
     return collate(dataset, len(dataset) // size, size, None, device)
-
-
-def canary_dataset_kwargs(dataset_config: Any) -> dict[str, Any]:
-    """The chat-template settings the run's own datasets were built with."""
-    from nemo_noise_plugin.data.span_dataset import span_dataset_kwargs
-
-    return span_dataset_kwargs(dataset_config)
 
 
 def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
@@ -356,6 +352,8 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     eos = int(recipe_tokenizer(state).eod)
     special = _special_ids(recipe_tokenizer(state))
     held = task_batches(state, device)
+    if SMOKE:
+        held = {split: batches[:1] for split, batches in held.items()}
     test = held["test"]
     table = inner.embedding.word_embeddings.weight.detach().float()
     started = time.perf_counter()
@@ -368,6 +366,8 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
         if cell.variant == "plain"
         else [(cell.level, cell.region)]
     )
+    if SMOKE:
+        pairs = [pair for pair in pairs if pair[0] == (cell.level or "gm_eps20")]
     for level, region in pairs:
         noise = dataclasses.replace(level_config(level, region, inference=True), special_token_ids=special)
         projected = dataclasses.replace(noise, projection="nearest_row")
@@ -413,7 +413,8 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
     length, seeded by the cell."""
     from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.recipes.smollm2 import private_task_finetuning_config, smollm2_provider
+    from nemo_noise_plugin.recipes.smollm2 import smollm2_provider
+    from nemo_noise_plugin.recipes.smollm2_private import private_task_finetuning_config
 
     if cell.level is None:
         noise = NoiseConfig(enabled=False)
@@ -424,7 +425,7 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
     if cell.teacher:
         provider.teacher_checkpoint = str(out / cell.teacher / "checkpoints")
     train_examples = TRAIN_EXAMPLES[cell.task]
-    train_iters = max(round(TASKS[cell.task]["epochs"] * train_examples / GLOBAL_BATCH), 1)
+    train_iters = 1 if SMOKE else max(round(TASKS[cell.task]["epochs"] * train_examples / GLOBAL_BATCH), 1)
     config = private_task_finetuning_config(
         provider,
         hf_path,
@@ -469,8 +470,8 @@ def shuffle_training_file(data_dir: str, seed: int) -> None:
 
 def run_cell(cell: Cell, out: Path, hf_path: str) -> None:
     """Train one cell through Bridge's loop and write its ``result.json`` from the end-of-training callback."""
-    from nemo_noise_plugin.jobs.launch.launcher import forward_step_for, training_entry_for
-    from nemo_noise_plugin.upstream.bridge_imports import import_bridge, use_prebuilt_dataset_helpers
+    from nemo_noise_plugin.jobs.launch.launcher import launch
+    from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     callbacks = import_bridge("megatron.bridge.training.callbacks")
     config = cell_config(cell, out, hf_path)
@@ -499,8 +500,7 @@ def run_cell(cell: Cell, out: Path, hf_path: str) -> None:
             )
             write_result(out / cell.name / "result.json", result)
 
-    use_prebuilt_dataset_helpers()
-    training_entry_for(config)(config, forward_step_for(config), callbacks=[Scores()])
+    launch(config, callbacks=[Scores()], allow_cpu_loop=True)  # Bridge's loop on a GPU, the CPU loop (smoke) without
 
 
 def main() -> None:

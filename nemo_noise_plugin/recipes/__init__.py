@@ -20,10 +20,11 @@ from nemo_noise_plugin.recipes.registry import RECIPES, REPORTS, Recipe, recipe_
 # isort: off
 from nemo_noise_plugin.recipes import tiny
 from nemo_noise_plugin.recipes import smollm2
+from nemo_noise_plugin.recipes import smollm2_private
 from nemo_noise_plugin.recipes import hf_models
 # isort: on
 
-__all__ = ["RECIPES", "REPORTS", "Recipe", "hf_models", "recipe_function", "register_recipe", "smollm2", "tiny"]
+__all__ = ["RECIPES", "REPORTS", "Recipe", "hf_models", "recipe_function", "register_recipe", "smollm2", "smollm2_private", "tiny"]
 
 
 def __getattr__(name: str) -> Any:
