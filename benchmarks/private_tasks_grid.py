@@ -17,6 +17,8 @@ Cells (``cells_for``), each SmolLM2-135M-Instruct fine-tuned through Megatron-Br
   beam with this model as the prior) run here once per level;
 - ``aware``: noise-aware training at a level (model b), served with the same noise;
 - ``projected``: training and serving on projected inputs (``NoiseConfig.projection='nearest_row'``);
+- ``denoised``: training and serving on the posterior mean of the clean embedding given the release
+  (``projection='posterior_mean'``: the mechanism's own density, a uniform prior over the table; idea (d));
 - ``kd``: noise-aware plus forward-KL distillation from the seed's ``plain`` model (model c);
 - levels: the Gaussian mechanism on clipped embeddings at per-token eps 100 / 50 / 20 (delta 1e-5) and metric-DP
   eta 100 / 50 / 30, clip norm 3; regions ``span`` (``tokens='spans'``: only the private spans, the instruction,
@@ -73,7 +75,16 @@ LEVELS: dict[str, dict[str, Any]] = {
 }
 GM_LEVELS = ("gm_eps100", "gm_eps50", "gm_eps20")
 MDP_LEVELS = ("mdp_eta100", "mdp_eta50", "mdp_eta30")
-VARIANTS = ("plain", "aware", "projected", "kd")
+VARIANTS = ("plain", "aware", "projected", "denoised", "kd")
+SERVING = {"aware": "none", "kd": "none", "projected": "nearest_row", "denoised": "posterior_mean"}
+"""The projection each trained variant is trained and served with."""
+
+
+def has_denoiser() -> bool:
+    """Whether this checkout's ``NoiseConfig`` offers ``projection='posterior_mean'``."""
+    from nemo_noise_plugin.noise.config import PROJECTIONS
+
+    return "posterior_mean" in PROJECTIONS
 
 
 @dataclass(frozen=True)
@@ -103,31 +114,28 @@ class Cell:
 
 def cells_for(seeds: Sequence[int], tasks: Sequence[str] = tuple(TASKS)) -> list[Cell]:
     """The grid in the order it runs, so that a partial grid holds whole (variant, level) rows at every seed: the
-    plain models first, then the span-region Gaussian levels (noise-aware, projected), the metric-DP levels, the
-    whole-prompt region and the distilled models last."""
+    plain models first, then the span-region Gaussian levels (noise-aware, projected, denoised), the whole-prompt
+    region, distillation at eps 20, then the metric-DP levels."""
     unknown = sorted(set(tasks) - set(TASKS))
     if unknown:
         raise SystemExit(f"--tasks {','.join(tasks)} is invalid: {unknown} are not tasks (expected {', '.join(TASKS)})")
     rows: list[tuple[str, str, str | None, str | None]] = [(task, "plain", None, None) for task in tasks]
-    for levels in (GM_LEVELS, MDP_LEVELS):
-        for level in levels:
-            for task in tasks:
-                rows += [(task, "aware", level, "span"), (task, "projected", level, "span")]
+    span_variants = ("aware", "projected", "denoised") if has_denoiser() else ("aware", "projected")
+    rows += [(task, v, level, "span") for level in GM_LEVELS for task in tasks for v in span_variants]
     for task in tasks:
         if "prompt" in TASKS[task]["regions"]:
-            rows += [(task, variant, level, "prompt") for level in ("gm_eps50", "gm_eps20") for variant in ("aware",)]
-    for task in tasks:
-        rows += [(task, "kd", level, "span") for level in ("gm_eps20", "mdp_eta30")]
+            rows += [(task, "aware", level, "prompt") for level in ("gm_eps50", "gm_eps20")]
+    rows += [(task, "kd", "gm_eps20", "span") for task in tasks]
+    rows += [(task, v, level, "span") for level in MDP_LEVELS for task in tasks for v in ("aware", "projected")]
     return [Cell(task, variant, seed, level, region) for task, variant, level, region in rows for seed in seeds]
 
 
-def level_config(level: str, region: str, *, inference: bool, projection: bool = False, seed: int = 0) -> Any:
+def level_config(level: str, region: str, *, inference: bool, projection: str = "none", seed: int = 0) -> Any:
     """The ``NoiseConfig`` of ``level`` on ``region`` (``inference``: on in eval mode, the fixed inference seed)."""
     from nemo_noise_plugin.noise.config import NoiseConfig
 
     extra: dict[str, Any] = dict(training_only=False, seed=EVAL_NOISE_SEED) if inference else dict(seed=seed)
-    if projection:
-        extra["projection"] = "nearest_row"
+    extra["projection"] = projection
     return NoiseConfig(**LEVELS[level], tokens=REGIONS[region], **extra)
 
 
@@ -151,7 +159,7 @@ def score(model: Any, batches: Sequence[dict[str, Any]], eos_id: int, noise: Any
     import torch
 
     from nemo_noise_plugin.distillation.teacher import build_clean_teacher
-    from nemo_noise_plugin.jobs.reports.task_report import answer_positions
+    from nemo_noise_plugin.jobs.reports.task_metric import answer_positions
     from nemo_noise_plugin.model.make_noisy import make_noisy
 
     scored = make_noisy(build_clean_teacher(model), noise) if noise is not None else model
@@ -205,7 +213,6 @@ def substituted(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``batches`` with the region's tokens replaced by the SANTEXT-style exponential mechanism at the level's
     per-token parameter (``privacy.text_substitution``), and how many substituted tokens kept their id."""
-    import torch
     from nemo_noise_plugin.privacy.text_substitution import substitute_tokens
 
     parameters = LEVELS[level]
@@ -244,7 +251,7 @@ def attack(
     import torch
     from megatron.core.utils import unwrap_model
 
-    from nemo_noise_plugin.jobs.reports.task_report import answer_positions
+    from nemo_noise_plugin.jobs.reports.task_metric import answer_positions
     from nemo_noise_plugin.privacy.audit import noised_embeddings
     from nemo_noise_plugin.privacy.audit.attacks import nearest_neighbour_attack
     from nemo_noise_plugin.privacy.audit.beam import lm_beam_attack
@@ -322,9 +329,8 @@ def _without_hits(scores: dict[str, Any]) -> dict[str, Any]:
 
 def canary_batches(state: Any, device: Any) -> list[dict[str, Any]]:
     """The span family's canaries as batches of the run's dataset class and tokenizer (never trained on)."""
-    from nemo_noise_plugin.data.tasks.shipped import CANARY_SPLIT, task_files
-
     from nemo_noise_plugin.data.span_dataset import PrivateSpanChatDataset
+    from nemo_noise_plugin.data.tasks.shipped import CANARY_SPLIT, task_files
     from nemo_noise_plugin.jobs.batches import collate, recipe_tokenizer
 
     dataset = PrivateSpanChatDataset(
@@ -345,7 +351,7 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     from megatron.core.utils import unwrap_model
 
     from nemo_noise_plugin.jobs.batches import recipe_tokenizer
-    from nemo_noise_plugin.jobs.reports.task_report import task_batches
+    from nemo_noise_plugin.jobs.reports.task_metric import task_batches
 
     inner = unwrap_model(model)
     device = next(inner.parameters()).device
@@ -375,6 +381,8 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
             "raw": score(inner, test, eos, noise),
             "projected": score(inner, test, eos, projected),
         }
+        if cell.variant in ("plain", "denoised") and has_denoiser():
+            entry["denoised"] = score(inner, test, eos, dataclasses.replace(noise, projection="posterior_mean"))
         beam = cell.variant == "plain"
         entry["attacks"] = attack(inner, test, noise, region, special, eos, beam=beam)
         if canaries is not None and region == "span":
@@ -419,7 +427,7 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
     if cell.level is None:
         noise = NoiseConfig(enabled=False)
     else:
-        noise = level_config(cell.level, cell.region, inference=False, projection=cell.variant == "projected")
+        noise = level_config(cell.level, cell.region, inference=False, projection=SERVING[cell.variant])
         noise = dataclasses.replace(noise, seed=cell.seed)
     provider, hf_path = smollm2_provider(hf_path, noise, KDConfig() if cell.variant == "kd" else None)
     if cell.teacher:
