@@ -150,11 +150,12 @@ def _positive_int(value: Any) -> bool:
 
 
 def forward_step_for(config: Any) -> Callable:
-    """The plugin's forward step for ``config.model``: distillation for a ``NoisyDistillationProvider``, else noise."""
-    from nemo_noise_plugin.providers import NoisyDistillationProvider
+    """The plugin's forward step for ``config.model``: distillation for a distillation provider
+    (``NoisyDistillationProvider``, ``NoisyHybridDistillationProvider``), else noise."""
+    from nemo_noise_plugin.providers import DISTILLATION_PROVIDERS
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
 
-    return distillation_forward_step if isinstance(config.model, NoisyDistillationProvider) else noise_forward_step
+    return distillation_forward_step if isinstance(config.model, DISTILLATION_PROVIDERS) else noise_forward_step
 
 
 def training_entry_for(config: Any) -> Callable:
