@@ -159,8 +159,10 @@ def test_overrides_reach_the_hybrid_providers_and_are_checked_by_the_same_gate(h
 
     config = tiny_hybrid_noise_distillation_config(dir=str(tmp_path))
     apply_overrides(config, ["model.noise.alpha=3", "model.kd.temperature=2", "model.hybrid_layer_pattern=*-"])
-    assert (config.model.noise.alpha, config.model.kd.temperature, config.model.hybrid_layer_pattern) == (3.0, 2.0, "*-")
-    with pytest.raises(ConfigOverrideError, match=r"model\.kd\.hidden_layers=\[5\] is invalid: layer 5 is outside 0\.\.1"):
+    model = config.model
+    assert (model.noise.alpha, model.kd.temperature, model.hybrid_layer_pattern) == (3.0, 2.0, "*-")
+    outside = r"model\.kd\.hidden_layers=\[5\] is invalid: layer 5 is outside 0\.\.1"
+    with pytest.raises(ConfigOverrideError, match=outside):
         apply_overrides(config, ["model.kd.hidden_loss=mse", "model.kd.hidden_weight=1", "model.kd.hidden_layers=[5]"])
     with pytest.raises(ConfigOverrideError, match=r"model\.noise\.alpha=-2 is invalid"):
         apply_overrides(config, ["model.noise.alpha=-2"])
