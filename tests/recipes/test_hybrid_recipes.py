@@ -148,3 +148,42 @@ def test_a_stopped_and_resumed_hybrid_run_equals_an_uninterrupted_one_bitwise(tm
     assert resumed.weights.keys() == straight.weights.keys()
     for name, value in resumed.weights.items():
         assert torch.equal(value, straight.weights[name]), name
+
+
+class RecordKD(Record):
+    """Also the KD loss of every step (a function of the clean teacher's weights too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kd: dict[int, float] = {}
+
+    def on_train_step_end(self, context):
+        super().on_train_step_end(context)
+        self.kd[context.state.train_state.step] = float(context.loss_dict["kd loss"])
+
+
+def test_a_resumed_hybrid_distillation_run_distils_from_the_weights_it_started_from(tmp_path):
+    from nemo_noise_plugin.jobs.launch.warm_start import CaptureWeights, StartFromWeights
+    from nemo_noise_plugin.training.forward_step import distillation_forward_step
+
+    capture = CaptureWeights()  # a clean start that differs from the initialisation: the teacher to distil from
+    clean = _resume_config(tmp_path / "clean")
+    clean.model.noise.enabled = False
+    run_cpu_loop(clean, noise_forward_step, [capture])
+
+    def run(folder, exit_interval=None) -> RecordKD:
+        config = tiny_hybrid_noise_distillation_config(dir=str(folder), train_iters=STEPS, lr=1e-3, pattern=SMALL)
+        config.checkpoint.save_interval = 1
+        config.train.exit_interval = exit_interval
+        record = RecordKD()
+        run_cpu_loop(config, distillation_forward_step, [StartFromWeights(capture.weights), record])
+        return record
+
+    straight = run(tmp_path / "straight")
+    stopped = run(tmp_path / "resumed", exit_interval=2)
+    resumed = run(tmp_path / "resumed")
+    assert sorted(resumed.kd) == [2, 3]
+    assert {**stopped.kd, **resumed.kd} == straight.kd  # the same teacher after the restart
+    assert {**stopped.losses, **resumed.losses} == straight.losses
+    for name, value in resumed.weights.items():
+        assert torch.equal(value, straight.weights[name]), name
