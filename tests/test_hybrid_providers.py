@@ -7,6 +7,7 @@ plugin's local hybrid stack (attention and MLP layers; Mamba layers need CUDA ke
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -28,6 +29,17 @@ def hybrid(megatron_cpu):
     from nemo_noise_plugin.providers import hybrid
 
     return hybrid
+
+
+@pytest.fixture(autouse=True)
+def _keep_attention_variables():
+    """Megatron pins the attention backend process-wide (``NVTE_*``) when a model is built with the local backend;
+    give later tests (GPT models on Bridge's default backend) the variables they started with."""
+    saved = {name: value for name, value in os.environ.items() if name.startswith("NVTE_")}
+    yield
+    for name in [name for name in os.environ if name.startswith("NVTE_")]:
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 def _settings(hybrid, **overrides) -> dict:
