@@ -94,19 +94,22 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         *,
         padding_mask: torch.Tensor | None = None,
         packed_seq_params: Any = None,
+        private_mask: torch.Tensor | None = None,
     ) -> Iterator[NoiseBatchInputs]:
         """Hand batch inputs to the noise layer for the forwards inside the block; yields them.
 
         Inputs given here replace an enclosing block's; the others are inherited. Megatron's own ``padding_mask`` and
         ``packed_seq_params`` arguments of ``_preprocess`` take precedence over handed-over ones. The yielded
         ``NoiseBatchInputs`` may be filled in inside the block, before the forward (the Bridge forward steps set the
-        loss mask once Bridge has fetched the batch). The enclosing inputs are restored on exit.
+        loss mask once Bridge has fetched the batch). The enclosing inputs are restored on exit. ``private_mask``
+        (``[b, s]``, True inside a private span, CP shard like the loss mask) is what ``tokens='spans'`` noises.
         """
         enclosing = self._noise_inputs
         inputs = NoiseBatchInputs(
             loss_mask=_first_given(loss_mask, enclosing.loss_mask),
             padding_mask=_first_given(padding_mask, enclosing.padding_mask),
             packed_seq_params=_first_given(packed_seq_params, enclosing.packed_seq_params),
+            private_mask=_first_given(private_mask, enclosing.private_mask),
         )
         self._noise_inputs = inputs
         try:
@@ -164,6 +167,7 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
             padding_mask=_first_given(padding_mask, handed.padding_mask),
             input_ids=input_ids,
             packed_seq_params=_first_given(packed_seq_params, handed.packed_seq_params),
+            private_mask=handed.private_mask,
         )
         if self.noise_config.projection == "none":
             noised = self.noise_layer(embedded, batch, self.noise_clock)

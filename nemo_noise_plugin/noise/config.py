@@ -23,7 +23,7 @@ NoiseMechanism = Literal[
 ]
 """The rows of ``noise.families.NOISE_FAMILIES``, spelled out for type checkers (a test keeps the two equal)."""
 NoiseScaling = Literal["true_length", "padded_length", "absolute", "embedding_distance"]
-TokenSelection = Literal["all", "prompt", "response"]
+TokenSelection = Literal["all", "prompt", "response", "spans"]
 ScheduleKind = Literal["constant", "linear", "cosine"]
 Calibration = Literal["analytic", "classical"]
 Projection = Literal["none", "nearest_row", "posterior_mean"]
@@ -39,7 +39,7 @@ MAGNITUDE_FIELDS: dict[str, str] = {name: family.magnitude_field for name, famil
 """The field that sets each mechanism's noise level (for metric_dp and gaussian_mechanism, larger is less noise)."""
 _NON_NEGATIVE_MAGNITUDES = tuple(f.magnitude_field for f in NOISE_FAMILIES.values() if not f.larger_is_quieter)
 SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute", "embedding_distance")
-TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response")
+TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response", "spans")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 CALIBRATIONS: tuple[str, ...] = ("analytic", "classical")
 PROJECTIONS: tuple[str, ...] = ("none", "nearest_row", "posterior_mean")
@@ -73,8 +73,10 @@ class NoiseConfig(ValidatedSettings):
     What each mechanism is (its field, unit noise, scaling, clipping, kernel, attacker model, ledger) is its row of
     ``noise.families.NOISE_FAMILIES``.
 
-    Padding tokens and ``special_token_ids`` are never noised; ``tokens`` selects all tokens, the prompt or the
-    response (tokens whose prediction carries loss). The privacy mechanisms keep a constant schedule.
+    Padding tokens and ``special_token_ids`` are never noised; ``tokens`` selects all tokens, the prompt, the
+    response (tokens whose prediction carries loss) or the marked private spans (``spans``: the batch's
+    ``private_mask``, e.g. from ``data.private_spans``; everything else stays clean). The privacy mechanisms keep a
+    constant schedule.
     """
 
     enabled: bool = True
@@ -109,7 +111,7 @@ class NoiseConfig(ValidatedSettings):
     laplace_scale: float = 0.01
     """laplace: ``b``, the per-coordinate scale of the Laplace noise (standard deviation ``b sqrt(2)``)."""
     tokens: TokenSelection = "all"
-    """Which tokens get noise: ``all``, ``prompt`` or ``response``."""
+    """Which tokens get noise: ``all``, ``prompt``, ``response`` or ``spans`` (the batch's ``private_mask``)."""
     special_token_ids: list[int] = field(default_factory=list)
     """Token ids that are never noised (e.g. BOS, EOS, chat-template markers)."""
     schedule: ScheduleKind = "constant"

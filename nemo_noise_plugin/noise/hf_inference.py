@@ -19,6 +19,8 @@ Conventions (``docs/noise.md``, "Inference-time noise"):
 - NEFTune's ``1/sqrt(L d)`` needs the length of the whole sequence: ``noised_inputs_embeds`` takes ``L`` from the
   whole sequences it is given (as training does); the hook, whose sequences grow while tokens are cached, refuses
   ``scaling='true_length'``/``'padded_length'``.
+- ``tokens='spans'`` noises the tokens of a private mask given per call (``private_mask=`` of
+  ``noised_inputs_embeds``, ``EmbeddingNoiseHook.private_mask`` per query), with training's noise for them.
 - ``training_only`` is a training switch and is ignored here: asking for inference noise adds it in eval mode.
 
 Imports torch and the ``noise`` package only; transformers is never imported (the models are duck-typed).
@@ -76,13 +78,15 @@ def _noise_rows(
     padded_length: int,
     iteration: int,
     embedding: torch.nn.Module,
+    private: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[b, s, h]`` embeddings with the noise layer's noise on each row's real tokens (padding left as it is).
 
     Row ``j``'s real tokens (``real``, in order) sit at token positions ``first_position[j] + 0, 1, ...`` of sample
     ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``). With
     ``projection='nearest_row'`` each noised token is then replaced by its nearest row of ``embedding``'s table,
-    with ``posterior_mean`` by the posterior mean of its rows (``noise/denoise.py``).
+    with ``posterior_mean`` by the posterior mean of its rows (``noise/denoise.py``). ``private`` (``[b, s]``)
+    marks the private-span tokens for ``tokens='spans'``.
     """
     if not config.is_active_configuration:
         return embeds
@@ -100,6 +104,7 @@ def _noise_rows(
             lengths=torch.full((count, 1), float(count), device=device),
             response=None if response is None else response[row, columns].view(count, 1),
             global_length=padded_length,
+            private=None if private is None else private[row, columns].view(count, 1),
         )
         batch = NoiseBatchInputs(input_ids=input_ids[row, columns].view(1, count))
         clock = NoiseClock(iteration=iteration, microbatch=row)
@@ -117,6 +122,7 @@ def noised_inputs_embeds(
     loss_mask: torch.Tensor | None = None,
     iteration: int = 0,
     position_offset: int | torch.Tensor = 0,
+    private_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The ``[b, s, h]`` ``inputs_embeds`` training would feed for ``input_ids``: the model's lookup plus the noise.
 
@@ -148,6 +154,8 @@ def noised_inputs_embeds(
         iteration: the noise iteration (the Philox key and the schedule's iteration), an integer in [0, 2**32).
         position_offset: the token position of each row's first real token (an int, or a ``[b]`` integer tensor),
             for tokens that continue a sequence: the result then equals the whole sequence's at those positions.
+        private_mask: ``[b, s]``, True for tokens inside a private span (training's ``private_mask``); needed for
+            ``tokens='spans'``, which noises only those.
 
     Returns:
         ``[b, s, h]`` embeddings in the embedding's dtype, on its device.
@@ -167,20 +175,9 @@ def noised_inputs_embeds(
             f"{noise_config.scaling!r}: the NEFTune factor 1/sqrt(L d) needs the whole sequence's length L. "
             "Expected position_offset=0 (pass whole sequences) or scaling='absolute'/'embedding_distance'."
         )
-    response = None
-    if noise_config.tokens != "all":
-        if loss_mask is None:
-            raise ValueError(
-                f"loss_mask=None is invalid with NoiseConfig.tokens={noise_config.tokens!r}: expected the [b, s] "
-                "loss mask that tells prompt from response (or tokens='all')."
-            )
-        if resumes:
-            raise ValueError(
-                f"position_offset={hf_inputs.shown(position_offset)} is invalid with NoiseConfig.tokens="
-                f"{noise_config.tokens!r}: whether the first token is a response token depends on the loss mask "
-                "before it. Expected position_offset=0 (pass whole sequences) or EmbeddingNoiseHook."
-            )
-        response = hf_inputs.response_from_loss_mask(loss_mask.to(real.device), real)
+    response, private = hf_inputs.token_parts(
+        noise_config, real, loss_mask, private_mask, position_offset, resumes=resumes
+    )
     embeds = embedding(input_ids)
     return _noise_rows(
         embeds,
@@ -192,6 +189,7 @@ def noised_inputs_embeds(
         padded_length=input_ids.size(1),
         iteration=iteration,
         embedding=embedding,
+        private=None if private is None else private.to(embeds.device),
     )
 
 
@@ -211,6 +209,7 @@ class _Forward:
     first_position: torch.Tensor
     response: torch.Tensor | None
     iteration: int
+    private: torch.Tensor | None = None
 
 
 class EmbeddingNoiseHook:
@@ -227,7 +226,9 @@ class EmbeddingNoiseHook:
     query: the next iteration (``iteration``, ``iteration + 1``, ...), so each ``generate()`` call or uncached
     forward batch gets fresh noise and the same seed and start reproduce it. ``tokens='prompt'``/``'response'``:
     a query's first forward is its prompt, every token fed after it is response (a training loss mask that carries
-    loss from the prompt's last token on). ``inputs_embeds`` passed by the caller are used as given.
+    loss from the prompt's last token on). ``tokens='spans'``: set ``hook.private_mask`` (``[b, w]``, True inside a
+    private span, over the columns of the whole 2-D sequence, as ``attention_mask``) before each query; columns past
+    its width (generated tokens) are not private. ``inputs_embeds`` passed by the caller are used as given.
 
     Not covered: the NEFTune length scalings (refused: a cached token's noise cannot change as the sequence grows),
     4-D attention masks (static caches), chunked prefill under ``tokens='prompt'``/``'response'``, and beam search,
@@ -262,6 +263,8 @@ class EmbeddingNoiseHook:
         self.noise_config = noise_config
         self.next_iteration = iteration
         """The iteration the next query gets."""
+        self.private_mask: torch.Tensor | None = None
+        """``tokens='spans'``: ``[b, w]`` True for the private-span tokens of the queries to come (set per query)."""
         self._query: _Query | None = None
         self._forward: _Forward | None = None
         self._handles: list[Any] = []
@@ -329,10 +332,11 @@ class EmbeddingNoiseHook:
             real = mask[:, past:]
             first_position = mask[:, :past].sum(dim=1).to(device="cpu", dtype=torch.int64)
         response = None
-        if self.noise_config.tokens != "all":
+        if self.noise_config.tokens in ("prompt", "response"):
             columns = past + torch.arange(width, device=input_ids.device)
             response = (columns >= self._query.prompt_width).view(1, -1).expand(batch, width)
-        self._forward = _Forward(real, first_position, response, self._query.iteration)
+        private = hf_inputs.private_columns(self.noise_config, self.private_mask, batch, past, width, input_ids.device)
+        self._forward = _Forward(real, first_position, response, self._query.iteration, private)
 
     def _after_lookup(self, module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
         """The looked-up ``[b, s, h]`` embeddings with this forward's noise."""
@@ -359,6 +363,7 @@ class EmbeddingNoiseHook:
             padded_length=output.size(1),
             iteration=placed.iteration,
             embedding=module,
+            private=None if placed.private is None else placed.private.to(output.device),
         )
 
 

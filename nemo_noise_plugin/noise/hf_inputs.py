@@ -1,7 +1,8 @@
 """The Hugging Face serving helper's inputs (``noise/hf_inference.py``): checked, and read into what the noise needs.
 
 The checks raise a ``ValueError`` naming the argument, its value or shape, and what is expected; the readers turn a
-transformers call's arguments into token positions, the prompt/response split and the KV cache's length. Imports
+transformers call's arguments into token positions, the prompt/response split, the private spans and the KV
+cache's length. Imports
 torch and the noise config only; transformers is never imported (the models are duck-typed).
 """
 
@@ -23,9 +24,11 @@ __all__ = [
     "first_positions",
     "input_embeddings",
     "named_arguments",
+    "private_columns",
     "response_from_loss_mask",
     "shape_of",
     "shown",
+    "token_parts",
 ]
 
 
@@ -139,3 +142,57 @@ def shape_of(value: object) -> str:
 def shown(value: object) -> str:
     """A tensor's values as a list, or any other value's repr, for error messages."""
     return str(value.tolist()) if isinstance(value, torch.Tensor) else repr(value)
+
+
+def token_parts(
+    noise_config: NoiseConfig,
+    real: torch.Tensor,
+    loss_mask: torch.Tensor | None,
+    private_mask: torch.Tensor | None,
+    position_offset: object,
+    *,
+    resumes: bool,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``noised_inputs_embeds``'s ``[b, s]`` response mask (``tokens='prompt'``/``'response'``) and private-span mask
+    (``tokens='spans'``), each None when the selection does not need it; errors name the missing argument."""
+    private = None
+    if noise_config.tokens == "spans":
+        if private_mask is None:
+            raise ValueError(
+                "private_mask=None is invalid with NoiseConfig.tokens='spans': expected the [b, s] mask of the "
+                "private-span tokens (True inside a span), as training's batch carries it (or tokens='all')."
+            )
+        private = check_mask("private_mask", private_mask, real).to(real.device)
+    if noise_config.tokens not in ("prompt", "response"):
+        return None, private
+    if loss_mask is None:
+        raise ValueError(
+            f"loss_mask=None is invalid with NoiseConfig.tokens={noise_config.tokens!r}: expected the [b, s] "
+            "loss mask that tells prompt from response (or tokens='all')."
+        )
+    if resumes:
+        raise ValueError(
+            f"position_offset={shown(position_offset)} is invalid with NoiseConfig.tokens="
+            f"{noise_config.tokens!r}: whether the first token is a response token depends on the loss mask "
+            "before it. Expected position_offset=0 (pass whole sequences) or EmbeddingNoiseHook."
+        )
+    return response_from_loss_mask(loss_mask.to(real.device), real), None
+
+
+def private_columns(
+    noise_config: NoiseConfig, mask: object, batch: int, past: int, width: int, device: torch.device
+) -> torch.Tensor | None:
+    """The hook's ``[b, width]`` private-span mask of a forward's columns ``past ..`` (``tokens='spans'``), else None;
+    columns past the given mask's width (generated tokens) are not private."""
+    if noise_config.tokens != "spans":
+        return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.size(0) != batch:
+        raise ValueError(
+            f"EmbeddingNoiseHook.private_mask has shape {shape_of(mask)}: NoiseConfig.tokens='spans' expected a "
+            f"[{batch}, w] mask of the private-span tokens (True inside a span) over the query's columns; set "
+            "hook.private_mask before the query."
+        )
+    private = torch.zeros(batch, width, dtype=torch.bool, device=device)
+    known = max(0, min(width, mask.size(1) - past))
+    private[:, :known] = mask[:, past : past + known].to(device=device, dtype=torch.bool)
+    return private

@@ -77,7 +77,7 @@ class EmbeddingNoise:
         )
 
     def geometry(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, layout: LocalLayout) -> TokenGeometry:
-        """Global positions, real-token mask, lengths and response mask of the local tokens."""
+        """Global positions, real-token mask, lengths and response (or private-span) mask of the local tokens."""
         config = self.config
         return token_geometry(
             decoder_input.size(0),
@@ -86,7 +86,8 @@ class EmbeddingNoise:
             layout,
             self._group("cp"),
             need_lengths=noise_family(config.mechanism).length_scaled and config.scaling == "true_length",
-            need_response=config.tokens != "all",
+            need_response=config.tokens in ("prompt", "response"),
+            need_private=config.tokens == "spans",
             device=decoder_input.device,
         )
 

@@ -286,8 +286,9 @@ def _coverage(config: NoiseConfig) -> tuple[str, ...]:
     """Which tokens the noise actually covers; a token released without noise has no protection."""
     lines = []
     if config.tokens != "all":
+        part = "private-span" if config.tokens == "spans" else config.tokens
         lines.append(
-            f"Only the {config.tokens} tokens are noised (tokens={config.tokens!r}): the guarantee covers changes to "
+            f"Only the {part} tokens are noised (tokens={config.tokens!r}): the guarantee covers changes to "
             "those tokens; the other tokens' embeddings are released in the clear."
         )
     if config.special_token_ids:
