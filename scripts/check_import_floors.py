@@ -103,7 +103,11 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
         ),
     ),
     (LIBRARY, "noise layer", ("noise", "noise.layer", "noise.hf_inference", "noise.hf_inputs")),
-    (LIBRARY, "noise draws", ("noise.mechanisms", "noise.schedule", "noise.geometry", "noise.projection")),
+    (
+        LIBRARY,
+        "noise draws",
+        ("noise.mechanisms", "noise.schedule", "noise.geometry", "noise.projection", "noise.denoise"),
+    ),
     (LIBRARY, "noise config", ("noise.config", "noise.calibration", "noise.families")),
     (LIBRARY, "random streams", ("noise.sampling", "noise.triton_kernel", "noise.philox")),
     (LIBRARY, "presets", ("presets",)),

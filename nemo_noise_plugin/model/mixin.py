@@ -23,8 +23,8 @@ import torch
 from megatron.core.utils import WrappedTensor
 
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.denoise import denoise_noised
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
-from nemo_noise_plugin.noise.projection import project_noised
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.schedule_plan.builder import PluginSchedulePlanMixin
 
@@ -171,10 +171,10 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         )
         if self.noise_config.projection == "none":
             noised = self.noise_layer(embedded, batch, self.noise_clock)
-        else:  # nearest-row projection of the noised tokens (noise/projection.py)
+        else:  # nearest-row projection or posterior mean of the noised tokens (noise/projection.py, denoise.py)
             noised, selected = self.noise_layer.noise_and_selection(embedded, batch, self.noise_clock)
             word_embeddings, sequence_parallel = self.embedding.word_embeddings, self.noise_layer.sequence_parallel
-            projection = project_noised(noised, selected, word_embeddings, self.noise_config, sequence_parallel)
+            projection = denoise_noised(noised, selected, word_embeddings, self.noise_config, sequence_parallel)
             noised, self.projected_ids = projection.decoder_input, projection.ids
         if self.training:
             self.noise_clock.advance()

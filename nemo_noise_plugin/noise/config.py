@@ -26,7 +26,7 @@ NoiseScaling = Literal["true_length", "padded_length", "absolute", "embedding_di
 TokenSelection = Literal["all", "prompt", "response", "spans"]
 ScheduleKind = Literal["constant", "linear", "cosine"]
 Calibration = Literal["analytic", "classical"]
-Projection = Literal["none", "nearest_row"]
+Projection = Literal["none", "nearest_row", "posterior_mean"]
 ProjectionMetric = Literal["l2", "cosine"]
 
 # Views of the family registry (noise/families.py), kept importable under their names.
@@ -42,7 +42,7 @@ SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute", "embedd
 TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response", "spans")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 CALIBRATIONS: tuple[str, ...] = ("analytic", "classical")
-PROJECTIONS: tuple[str, ...] = ("none", "nearest_row")
+PROJECTIONS: tuple[str, ...] = ("none", "nearest_row", "posterior_mean")
 PROJECTION_METRICS: tuple[str, ...] = ("l2", "cosine")
 _FIELD = "NoiseConfig."
 
@@ -129,7 +129,9 @@ class NoiseConfig(ValidatedSettings):
     projection: Projection = "none"
     """``nearest_row``: each noised token's embedding is then replaced by the embedding-table row nearest to it
     (``noise/projection.py``). Post-processing of the noised embedding: any DP guarantee of the mechanism is
-    unchanged. Any mechanism; it does something only while noise is added."""
+    unchanged. Any mechanism; it does something only while noise is added. ``posterior_mean``: replaced by the
+    mean of the table rows weighted by the mechanism's noise density at the release (uniform prior;
+    ``noise/denoise.py``); only mechanisms with one fixed density (``_check_projection``)."""
     projection_metric: ProjectionMetric = "l2"
     """What ``nearest_row`` means: ``l2`` (distance to the rows as the mechanism noises them, clipped where it clips)
     or ``cosine`` (the most similar direction)."""
@@ -190,6 +192,32 @@ class NoiseConfig(ValidatedSettings):
                 )
         self._check_schedule()
         self._check_privacy_mechanism()
+        self._check_projection()
+
+    def _check_projection(self) -> None:
+        """posterior_mean weighs the rows by the noise density: it needs one with a single scale per run."""
+        family = noise_family(self.mechanism)
+        if self.projection != "posterior_mean":
+            return
+        if family.unit != family.attacker_density:
+            why = f": {self.mechanism} noise ({family.unit} per coordinate) has no density the posterior weighs with"
+        elif family.relative_to_embedding:
+            why = f": {self.mechanism} noise is scaled by each token's own RMS, not one density for every row"
+        elif family.length_scaled and self.scaling in ("true_length", "padded_length"):
+            why = f": scaling={self.scaling!r} sizes the noise per sequence length, not one density for every token"
+        elif self.schedule != "constant" or self.warmup_steps:
+            why = ": a schedule or warm-up changes the noise scale between iterations"
+        else:
+            return
+        raise SettingError(
+            _FIELD + "projection",
+            self.projection,
+            "a mechanism with one fixed noise density (gaussian_mechanism, metric_dp, laplace, or gaussian with "
+            "scaling='absolute' or 'embedding_distance' and a constant schedule without warm-up), or "
+            "projection='nearest_row'",
+            context=f" with mechanism={self.mechanism!r}",
+            why=why,
+        )
 
     def _check_schedule(self) -> None:
         if self.schedule != "constant" and self.decay_steps == 0:

@@ -37,10 +37,10 @@ import torch
 
 from nemo_noise_plugin.noise import hf_inputs
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.noise.denoise import denoise_noised
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import LocalLayout, NoiseBatchInputs, TokenGeometry
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
-from nemo_noise_plugin.noise.projection import project_noised
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.validation import check_int
 
@@ -84,8 +84,9 @@ def _noise_rows(
 
     Row ``j``'s real tokens (``real``, in order) sit at token positions ``first_position[j] + 0, 1, ...`` of sample
     ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``). With
-    ``projection='nearest_row'`` each noised token is then replaced by its nearest row of ``embedding``'s table.
-    ``private`` (``[b, s]``) marks the private-span tokens for ``tokens='spans'``.
+    ``projection='nearest_row'`` each noised token is then replaced by its nearest row of ``embedding``'s table,
+    with ``posterior_mean`` by the posterior mean of its rows (``noise/denoise.py``). ``private`` (``[b, s]``)
+    marks the private-span tokens for ``tokens='spans'``.
     """
     if not config.is_active_configuration:
         return embeds
@@ -109,7 +110,7 @@ def _noise_rows(
         clock = NoiseClock(iteration=iteration, microbatch=row)
         placed_noise = _PlacedNoise(config, placed).noise_and_selection(embeds[row, columns].unsqueeze(1), batch, clock)
         out[row, columns], noised[row, columns] = placed_noise[0].squeeze(1), placed_noise[1].squeeze(1)
-    return out if config.projection == "none" else project_noised(out, noised, embedding, config).decoder_input
+    return out if config.projection == "none" else denoise_noised(out, noised, embedding, config).decoder_input
 
 
 def noised_inputs_embeds(

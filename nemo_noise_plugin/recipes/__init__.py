@@ -4,9 +4,10 @@ Named as Bridge's are (``{model}_{size}_{mode}_config``); train with the forward
 (``noise_forward_step`` or ``distillation_forward_step`` from ``nemo_noise_plugin.training.forward_step``).
 Each recipe is registered where it is defined, by ``@register_recipe(name, ...)`` (``registry``), in ``RECIPES``:
 ``--factory`` name of ``nemo llm finetune`` (and ``--recipe`` of the main job) -> ``Recipe``; one decorated function
-adds a recipe to every command. What the families share is ``common``; ``tiny``, ``smollm2`` and ``hf_models`` state
-what differs. Importing this package imports those modules to register their recipes, and is cheap: their tops load
-no torch and no Megatron, a recipe imports Bridge and torch when it is called.
+adds a recipe to every command. What the families share is ``common``; ``tiny``, ``smollm2``, ``hf_models`` and
+``hybrid`` (the tiny recipes on Megatron-Core's ``HybridModel``) state what differs. Importing this package imports
+those modules to register their recipes, and is cheap: their tops load no torch and no Megatron, a recipe imports
+Bridge and torch when it is called.
 """
 
 from __future__ import annotations
@@ -16,15 +17,27 @@ from typing import Any
 from nemo_noise_plugin.recipes.registry import RECIPES, REPORTS, Recipe, recipe_function, register_recipe
 
 # The family modules register their recipes when imported; this order is RECIPES' order (the main job's --recipe
-# choices): the tiny recipes, SmolLM2, the HF models.
+# choices): the tiny recipes, SmolLM2, the HF models, the tiny hybrid recipes.
 # isort: off
 from nemo_noise_plugin.recipes import tiny
 from nemo_noise_plugin.recipes import smollm2
 from nemo_noise_plugin.recipes import smollm2_private
 from nemo_noise_plugin.recipes import hf_models
+from nemo_noise_plugin.recipes import hybrid
 # isort: on
 
-__all__ = ["RECIPES", "REPORTS", "Recipe", "hf_models", "recipe_function", "register_recipe", "smollm2", "smollm2_private", "tiny"]
+__all__ = [
+    "RECIPES",
+    "REPORTS",
+    "Recipe",
+    "hf_models",
+    "hybrid",
+    "recipe_function",
+    "register_recipe",
+    "smollm2",
+    "smollm2_private",
+    "tiny",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -113,7 +113,7 @@ def validate_plugin_settings(config: Any) -> None:
     train nothing (``train.train_iters`` < 1) or a learning rate that is not a finite number > 0. Call it before
     any model is built (``jobs.launch.launcher.launch`` does).
     """
-    from nemo_noise_plugin.providers import NoisyDistillationProvider
+    from nemo_noise_plugin.providers import DISTILLATION_PROVIDERS
 
     model = getattr(config, "model", None)
     for name in ("noise", "kd"):
@@ -123,7 +123,7 @@ def validate_plugin_settings(config: Any) -> None:
                 current.validate()
             except (TypeError, ValueError) as error:
                 raise ConfigOverrideError(name_key(str(error), {type(current).__name__: f"model.{name}"})[0]) from None
-    if isinstance(model, NoisyDistillationProvider):
+    if isinstance(model, DISTILLATION_PROVIDERS):
         try:
             model.validate_distillation()
         except (TypeError, ValueError) as error:
@@ -334,11 +334,11 @@ def _check_scalar_type(owner: type, name: str, value: Any, key: str, overrides: 
 
 
 def _validate_distillation(config: Any, after: dict, plan: _Plan) -> None:
-    """Run ``NoisyDistillationProvider.validate_distillation`` on the overridden values, before they are applied."""
-    from nemo_noise_plugin.providers import NoisyDistillationProvider
+    """Run a distillation provider's ``validate_distillation`` on the overridden values, before they are applied."""
+    from nemo_noise_plugin.providers import DISTILLATION_PROVIDERS
 
     model = getattr(config, "model", None)
-    if not isinstance(model, NoisyDistillationProvider):
+    if not isinstance(model, DISTILLATION_PROVIDERS):
         return
     values = dict(after.get("model") or {})
     values.update({name: value for owner, name, value in plan.resets + plan.replacements if owner is model})

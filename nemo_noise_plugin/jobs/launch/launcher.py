@@ -13,7 +13,8 @@ It decides three things from the config, so a recipe only has to return one:
 - the overrides: Megatron-Bridge's Hydra path with the plugin's settings re-validated
   (``training.overrides.apply_overrides``): ``key=value`` sets a field, ``+key=value`` adds a key (inside
   dict-valued fields such as ``env_vars``), ``~key`` deletes one (a dataclass field goes back to its default);
-- the forward step: ``distillation_forward_step`` for a ``NoisyDistillationProvider``, else ``noise_forward_step``;
+- the forward step: ``distillation_forward_step`` for a distillation provider (GPT or hybrid), else
+  ``noise_forward_step``;
 - the entry: Bridge's ``finetune`` when ``checkpoint.pretrained_checkpoint`` names weights to start from, else
   ``pretrain`` (the tiny recipes train from scratch on the embedded corpus; both resume from ``checkpoint.load``).
 
@@ -150,11 +151,12 @@ def _positive_int(value: Any) -> bool:
 
 
 def forward_step_for(config: Any) -> Callable:
-    """The plugin's forward step for ``config.model``: distillation for a ``NoisyDistillationProvider``, else noise."""
-    from nemo_noise_plugin.providers import NoisyDistillationProvider
+    """The plugin's forward step for ``config.model``: distillation for a distillation provider
+    (``NoisyDistillationProvider``, ``NoisyHybridDistillationProvider``), else noise."""
+    from nemo_noise_plugin.providers import DISTILLATION_PROVIDERS
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
 
-    return distillation_forward_step if isinstance(config.model, NoisyDistillationProvider) else noise_forward_step
+    return distillation_forward_step if isinstance(config.model, DISTILLATION_PROVIDERS) else noise_forward_step
 
 
 def training_entry_for(config: Any) -> Callable:

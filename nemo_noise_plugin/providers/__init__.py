@@ -12,6 +12,11 @@ is the student's own weights, it never mirrors attributes onto a teacher, and it
 ``distillation.teacher_weights`` for how its weights are settled after Bridge loads checkpoints). Checkpoints,
 exports and the optimizer see the student only. Train with ``training.forward_step.distillation_forward_step``.
 
+Both are the Bridge class plus two mixins, ``NoiseProviderMixin`` (the ``noise`` field, its gate, the noisy model)
+and ``DistillationProviderMixin`` (``kd``, the teacher); ``providers.hybrid`` puts the same two on Bridge's
+``HybridModelProvider`` (``NoisyHybridModelProvider``, ``NoisyHybridDistillationProvider``, also importable from
+here).
+
 ``noisy_provider_from`` turns a provider Bridge already made (``AutoBridge.to_megatron_provider()``) into one of the
 plugin's providers, keeping every field and the registered pre-/post-wrap hooks (HF weight loading is a pre-wrap
 hook). Importing this module also adds ``nemo_noise_plugin.`` to Bridge's ``_target_`` allowlist, so run configs
@@ -47,20 +52,54 @@ TARGET_PREFIX = "nemo_noise_plugin."
 import_bridge("megatron.bridge.utils.instantiate_utils").register_allowed_target_prefix(TARGET_PREFIX)
 
 __all__ = [
+    "DISTILLATION_PROVIDERS",
     "TARGET_PREFIX",
+    "DistillationProviderMixin",
+    "NoiseProviderMixin",
     "NoisyDistillationProvider",
     "NoisyGPTModelProvider",
+    "NoisyHybridDistillationProvider",
+    "NoisyHybridModelProvider",
     "UnsupportedProviderError",
     "noisy_provider_from",
 ]
 
+_HYBRID_NAMES = ("NoisyHybridDistillationProvider", "NoisyHybridModelProvider")
+"""Names of ``providers.hybrid`` that this package also answers to (loaded on first access)."""
+
+
+def __getattr__(name: str) -> Any:
+    """``NoisyHybridModelProvider`` and ``NoisyHybridDistillationProvider`` from ``providers.hybrid``."""
+    if name in _HYBRID_NAMES:
+        import importlib
+
+        return getattr(importlib.import_module("nemo_noise_plugin.providers.hybrid"), name)
+    raise AttributeError(f"module 'nemo_noise_plugin.providers' has no attribute {name!r}")
+
 
 @dataclass
-class NoisyGPTModelProvider(GPTModelProvider):
-    """A ``GPTModelProvider`` whose first-stage model chunk adds embedding noise (see ``NoiseConfig``)."""
+class NoiseProviderMixin:
+    """The noise half of the plugin's providers, on any Bridge provider class: the ``noise`` field, its check at
+    ``finalize`` and ``provide``, and the noisy model on the chunk that ``should_attach_noise`` selects.
+
+    Put it first in the bases (``class P(NoiseProviderMixin, GPTModelProvider)``): its ``finalize`` and ``provide``
+    run the Bridge class's own through ``super()``. ``NoisyGPTModelProvider`` and ``providers.hybrid``'s
+    ``NoisyHybridModelProvider`` are it on Bridge's GPT and hybrid providers.
+    """
 
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     """Embedding-noise settings; validated when set."""
+
+    @property
+    def provider_name(self) -> str:
+        """The class name the error messages start with (``NoisyGPTModelProvider``)."""
+        return type(self).__name__
+
+    @staticmethod
+    def decoder_layer_count(provider: Any) -> int | None:
+        """How many decoder layers ``provider`` builds (``num_layers``); a static method, so that the override
+        check can ask it of the provider as the overrides will leave it."""
+        return provider.num_layers
 
     def finalize(self) -> None:
         """The noise settings checked as they are now (``NoiseConfig.validate``), then Bridge's own checks.
@@ -84,12 +123,12 @@ class NoisyGPTModelProvider(GPTModelProvider):
         """Check ``noise``: a ``NoiseConfig`` (``TypeError`` otherwise) whose fields are valid now (``ValueError``)."""
         if not isinstance(self.noise, NoiseConfig):
             raise TypeError(
-                f"NoisyGPTModelProvider.noise must be a NoiseConfig, got {type(self.noise).__name__}: {self.noise!r}."
+                f"{self.provider_name}.noise must be a NoiseConfig, got {type(self.noise).__name__}: {self.noise!r}."
             )
         self.noise.validate()
 
-    def provide(self, pre_process=None, post_process=None, vp_stage=None) -> GPTModel:
-        """Build one model chunk as ``GPTModelProvider.provide`` does; noisy where ``should_attach_noise`` says."""
+    def provide(self, pre_process=None, post_process=None, vp_stage=None):
+        """Build one model chunk as the Bridge provider's ``provide`` does; noisy where ``should_attach_noise`` says."""
         self.validate_noise()
         model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
         if should_attach_noise(vp_stage):
@@ -100,8 +139,22 @@ class NoisyGPTModelProvider(GPTModelProvider):
 
 
 @dataclass
-class NoisyDistillationProvider(NoisyGPTModelProvider):
-    """A ``NoisyGPTModelProvider`` whose model chunks carry a frozen clean teacher for distillation."""
+class NoisyGPTModelProvider(NoiseProviderMixin, GPTModelProvider):
+    """A ``GPTModelProvider`` whose first-stage model chunk adds embedding noise (see ``NoiseConfig``)."""
+
+    def provide(self, pre_process=None, post_process=None, vp_stage=None) -> GPTModel:
+        """Build one model chunk as ``GPTModelProvider.provide`` does; noisy where ``should_attach_noise`` says."""
+        return super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+
+
+@dataclass
+class DistillationProviderMixin:
+    """The distillation half: the ``kd`` settings, their checks, and a frozen clean teacher for each model chunk.
+
+    Put it before a ``NoiseProviderMixin`` provider in the bases (``class P(DistillationProviderMixin,
+    NoisyGPTModelProvider)``). The teacher is ``distillation.teacher.build_clean_teacher`` of each built chunk, for
+    every model class alike.
+    """
 
     kd: KDConfig = field(default_factory=KDConfig)
     """Distillation settings (loss, temperature, weights, tokens, hidden-state matching)."""
@@ -128,37 +181,39 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
 
     def validate_distillation(self) -> None:
         """Reject settings the distillation path does not support, naming the setting and the value."""
+        name = self.provider_name
         if not isinstance(self.kd, KDConfig):
-            raise TypeError(f"NoisyDistillationProvider.kd must be a KDConfig, got {type(self.kd).__name__}.")
+            raise TypeError(f"{name}.kd must be a KDConfig, got {type(self.kd).__name__}.")
         self.kd.validate()
         check_teacher_checkpoint(self.teacher_checkpoint)
         if not self.kd.enabled:
             return
         if (self.pipeline_model_parallel_size or 1) > 1 and self.kd.hidden_loss != "none":
             raise ValueError(
-                f"NoisyDistillationProvider: kd.hidden_loss={self.kd.hidden_loss!r} is not supported with "
+                f"{name}: kd.hidden_loss={self.kd.hidden_loss!r} is not supported with "
                 f"pipeline_model_parallel_size={self.pipeline_model_parallel_size}: the chosen layers' outputs live "
                 "on other stages than the loss; use kd.hidden_loss=none, or pipeline_model_parallel_size=1."
             )
         if (self.pipeline_model_parallel_size or 1) > 1 and getattr(self, "mtp_num_layers", None):
             raise ValueError(
-                f"NoisyDistillationProvider: mtp_num_layers={self.mtp_num_layers} is not supported with distillation "
+                f"{name}: mtp_num_layers={self.mtp_num_layers} is not supported with distillation "
                 f"at pipeline_model_parallel_size={self.pipeline_model_parallel_size} (the pipeline teacher runs "
                 "the decoder and output layer only); use mtp_num_layers=None, or pipeline_model_parallel_size=1."
             )
         if getattr(self, "overlap_moe_expert_parallel_comm", False) and self.kd.hidden_loss != "none":
             raise ValueError(
-                f"NoisyDistillationProvider: kd.hidden_loss={self.kd.hidden_loss!r} is not supported with "
+                f"{name}: kd.hidden_loss={self.kd.hidden_loss!r} is not supported with "
                 "overlap_moe_expert_parallel_comm=True: in the fine-grained schedule plan only the post-process "
                 "node's output carries gradients, and intermediate layers' outputs are not part of it; use "
                 "kd.hidden_loss=none or turn overlap_moe_expert_parallel_comm off."
             )
         if self.kd.hidden_loss != "none":
+            layers = self.decoder_layer_count(self)
             for index in self.kd.hidden_layers:
-                if not 0 <= index < self.num_layers:
+                if layers is not None and not 0 <= index < layers:
                     raise ValueError(
                         f"KDConfig.hidden_layers={self.kd.hidden_layers!r} is invalid: layer {index} is outside "
-                        f"0..{self.num_layers - 1} (num_layers={self.num_layers})."
+                        f"0..{layers - 1} (num_layers={layers})."
                     )
 
     def provide_distributed_model(self, *args: Any, **kwargs: Any) -> list:
@@ -179,6 +234,16 @@ class NoisyDistillationProvider(NoisyGPTModelProvider):
                 for chunk in model:
                     attach_teacher_pipe(chunk, pipe)
         return model
+
+
+@dataclass
+class NoisyDistillationProvider(DistillationProviderMixin, NoisyGPTModelProvider):
+    """A ``NoisyGPTModelProvider`` whose model chunks carry a frozen clean teacher for distillation."""
+
+
+DISTILLATION_PROVIDERS: tuple[type, ...] = (DistillationProviderMixin,)
+"""What a distillation provider is an instance of (GPT and hybrid alike): the launcher and the override checks
+pick the distillation forward step and re-check the KD constraints for these."""
 
 
 class UnsupportedProviderError(TypeError):
