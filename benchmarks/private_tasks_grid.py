@@ -296,7 +296,12 @@ def attack(
             with torch.no_grad():
                 return _forward(model, prefix)[:, -1].float().log_softmax(-1)
 
-        guesses["lm_beam"] = lm_beam_attack(noised, table, config, lm_log_probs, **masks)[got_noise]
+        # the beam decodes every prompt token (clean ones have zero noise: their likelihood peaks at the token);
+        # only the noised ones are counted
+        beam_config = dataclasses.replace(config, tokens="prompt")
+        guesses["lm_beam"] = lm_beam_attack(
+            noised, table, beam_config, lm_log_probs, loss_mask=loss_mask, padding_mask=padding
+        )[got_noise]
     report: dict[str, Any] = {"chats": len(prompts), "noised_tokens": int(got_noise.sum())}
     for name, guess in guesses.items():
         correct = int((guess.to(true_ids.device) == true_ids).sum())
