@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> None:
         _write_word_tokens(args.word_tokens)
     for family in args.family or GENERATED_FAMILIES:
         counts = write_family(family, args.out / family)
-        print(f"{family}: " + ", ".join(f"{name} {count}" for name, count in counts.items()) + f" -> {args.out / family}")
+        print(
+            f"{family}: " + ", ".join(f"{name} {count}" for name, count in counts.items()) + f" -> {args.out / family}"
+        )
 
 
 if __name__ == "__main__":

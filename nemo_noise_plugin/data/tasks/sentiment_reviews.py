@@ -183,7 +183,9 @@ def _strata(pools: dict[str, dict[Stratum, list[tuple[str, float]]]]) -> tuple[l
     """The (letters, tokens) pairs at which every class has a word inside its mean band, each weighted by the
     smallest class pool there."""
     shared = sorted(
-        set.intersection(*({k for k, words in pool.items() if _feasible(label, words)} for label, pool in pools.items()))
+        set.intersection(
+            *({k for k, words in pool.items() if _feasible(label, words)} for label, pool in pools.items())
+        )
     )
     weights = [min(len(pools[label][stratum]) for label in LABELS) for stratum in shared]
     kept = [(stratum, weight) for stratum, weight in zip(shared, weights, strict=True) if weight >= MIN_STRATUM]

@@ -30,7 +30,7 @@ __all__ = [
 
 TASK_FAMILIES: dict[str, str] = {
     "sentiment": "gist: a review's sentiment (terrible, bad, good, great) from the mean valence of 5-8 of its words",
-    "support": "span: a support ticket's category or an arithmetic answer; the customer's name, account, address private",
+    "support": "span: a ticket's category or an arithmetic answer; the customer's name, account, address private",
     "instructions": "negative control: eleven exact-answer tasks (data.instruction_set), every question token needed",
 }
 """Each shipped family and what its answers need."""
@@ -57,7 +57,7 @@ def task_examples(family: str, split: str = "validation") -> list[dict[str, Any]
     """The examples of ``family``'s ``split``: dicts with ``messages``, ``task`` and (new families) ``private_spans``.
 
     >>> example = task_examples("sentiment", "test")[0]
-    >>> example["messages"][2]["content"] in ("terrible", "bad", "good", "great"), example["private_spans"][0]["message"]
+    >>> example["label"] in ("terrible", "bad", "good", "great"), example["private_spans"][0]["message"]
     (True, 1)
     """
     files = task_files(family)
@@ -100,6 +100,4 @@ def task_dataset_config(
     >>> config = task_dataset_config("sentiment", "/tmp/sentiment_data", seq_length=128)  # doctest: +SKIP
     """
     root = write_task_files(family, dataset_root)
-    return instruction_dataset_config(
-        root, seq_length=seq_length, packed_sequence_size=packed_sequence_size, seed=seed
-    )
+    return instruction_dataset_config(root, seq_length=seq_length, packed_sequence_size=packed_sequence_size, seed=seed)

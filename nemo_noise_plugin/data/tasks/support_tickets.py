@@ -124,7 +124,9 @@ def _faker(seed: int):
     try:
         from faker import Faker
     except ModuleNotFoundError as error:  # only the generator needs it
-        raise ModuleNotFoundError("the support generator needs Faker: pip install faker (requirements/ci.txt)") from error
+        raise ModuleNotFoundError(
+            "the support generator needs Faker: pip install faker (requirements/ci.txt)"
+        ) from error
     fake = Faker("en_US")
     fake.seed_instance(seed)
     return fake

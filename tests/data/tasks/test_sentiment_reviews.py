@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from nemo_noise_plugin.data.tasks import task_examples, task_files
 from nemo_noise_plugin.data.tasks import sentiment_reviews as sentiment
+from nemo_noise_plugin.data.tasks import task_examples, task_files
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 SPLITS = ("training", "validation", "test")
