@@ -68,6 +68,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     (LIBRARY, "package", ("",)),
     (LIBRARY, "forward steps, overrides", ("training",)),
     (LIBRARY, "recipes", ("recipes",)),
+    (LIBRARY, "task data", ("data.tasks",)),
     (LIBRARY, "providers, data", ("providers", "data")),
     (
         LIBRARY,
