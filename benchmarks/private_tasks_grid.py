@@ -60,7 +60,7 @@ SCORED_EXAMPLES = 400
 """Test examples scored per (model, level, serving mode)."""
 
 TASKS: dict[str, dict[str, Any]] = {
-    "sentiment": dict(epochs=3.0, regions=("span", "prompt"), chance=0.25),
+    "sentiment": dict(epochs=1.5, regions=("span", "prompt"), chance=0.25),
     "support": dict(epochs=1.5, regions=("span",), chance=None),
 }
 """Each task family: passes over its training split, the noised regions it is scored under, chance accuracy."""
@@ -220,15 +220,10 @@ def substituted(
     out = []
     for batch in batches:
         mask = noised_token_mask(batch, region, special_ids, eos_id)
-        ids = substitute_tokens(
-            batch["tokens"],
-            table,
-            mask,
-            epsilon=parameters.get("epsilon", parameters.get("eta")),
-            clip_norm=CLIP_NORM,
-            guarantee="pure" if "epsilon" in parameters else "metric",
-            seed=EVAL_NOISE_SEED + len(out),
-        )
+        # "the same per-token eps": the Gaussian levels' eps (pure eps-DP here, delta 0); a metric-DP level's eta
+        # as the same metric guarantee, eta * d, i.e. eps = eta * (2C) over the clipped table's diameter 2C
+        eps = parameters["epsilon"] if "epsilon" in parameters else parameters["eta"] * 2 * CLIP_NORM
+        ids = substitute_tokens(table, batch["tokens"], mask, eps, clip_norm=CLIP_NORM, seed=EVAL_NOISE_SEED + len(out))
         kept += int((ids[mask] == batch["tokens"][mask]).sum())
         total += int(mask.sum())
         out.append(dict(batch, tokens=ids))
@@ -464,7 +459,7 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
     return config
 
 
-TRAIN_EXAMPLES = {"sentiment": 2000, "support": 4000}
+TRAIN_EXAMPLES = {"sentiment": 4000, "support": 4000}
 """Training examples of each task's shipped split (checked against the file when a cell starts)."""
 
 
