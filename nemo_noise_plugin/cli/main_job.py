@@ -10,6 +10,7 @@ it here too.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Sequence
@@ -126,10 +127,12 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
     flags = {name: getattr(args, name) for name in ("mechanism", *MECHANISM_FLAGS)}
     overrides = {name: value for name, value in flags.items() if value is not None}
     overrides["seed"] = args.seed
+    levels = {name: overrides.pop(name) for name in list(overrides) if name in _MAGNITUDE_FLAGS}  # once checked
     if args.noise_config:
         noise = load_noise_config(args.noise_config, **overrides)
     else:
-        noise = NoiseConfig(**{"alpha": 10.0, **overrides})
+        default = {"alpha": 10.0} if overrides.get("mechanism", "uniform") == "uniform" else {}  # NEFTune alpha 10
+        noise = NoiseConfig(**{**default, **overrides})
     for flag, mechanisms in MECHANISM_FLAGS.items():
         if flags[flag] is not None and noise.mechanism not in mechanisms:
             own = MAGNITUDE_FIELDS[noise.mechanism]
@@ -138,7 +141,7 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
                 f"{', '.join(mechanisms)}); {noise.mechanism} noise is set by its field {own!r}: use --noise-config "
                 f"with {own}: <value>, or --mechanism {mechanisms[0]}."
             )
-    return noise
+    return dataclasses.replace(noise, **levels) if levels else noise
 
 
 def _option(field: str) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig
+from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig, unused_magnitude_defaults
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
 from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit, clips_embeddings
@@ -82,7 +82,12 @@ class Sweep:
         elif scaling == "embedding_distance":
             scaling = "true_length"
         return [
-            dataclasses.replace(base, mechanism=self.mechanism, scaling=scaling, **{self.field: float(level)})
+            dataclasses.replace(
+                base,
+                mechanism=self.mechanism,
+                scaling=scaling,
+                **{**unused_magnitude_defaults(self.mechanism), self.field: float(level)},  # the base's own level goes
+            )
             for level in self.levels
         ]
 
