@@ -30,6 +30,7 @@ from typing import Any
 from nemo_noise_plugin.recipes import RECIPES, recipe_function
 
 __all__ = [
+    "check_distinct_overrides",
     "FinetuneError",
     "UnknownFactoryError",
     "check_recipe_arguments",
@@ -168,6 +169,20 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def check_distinct_overrides(overrides: Sequence[str]) -> None:
+    """``SettingError`` naming a setting that ``overrides`` set twice (``model.noise.alpha=5 model.noise.alpha=10``):
+    Hydra would take the last without a word. ``key=``, ``+key=`` and ``~key`` count as the same setting."""
+    from nemo_noise_plugin.validation import SettingError
+
+    seen: dict[str, list[str]] = {}
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        seen.setdefault(key.strip(), []).append(value)
+    for key, values in seen.items():
+        if len(values) > 1:
+            raise SettingError(key, values, "one value", why=" (the setting is given more than once; keep one)")
+
+
 def run_finetune(
     recipe: str | Callable[[], Any],
     overrides: Sequence[str] = (),
@@ -199,6 +214,7 @@ def run_finetune(
     Returns the resolved ConfigContainer. A real run checks for a GPU before it builds anything.
     """
     factory = factory or (recipe if isinstance(recipe, str) else getattr(recipe, "__name__", "recipe"))
+    check_distinct_overrides(overrides)
     if to_yaml is not None and "=" in to_yaml and not to_yaml.endswith((".yaml", ".yml")):
         raise FinetuneError(
             f"--to-yaml takes a file path ('-' for standard output), got {to_yaml!r}, which looks like an override."

@@ -1,0 +1,38 @@
+"""A setting given twice is refused naming it (issue 36, finding 8): before, the last one won without a word."""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_noise_plugin.cli.finetune import main as finetune_main
+from nemo_noise_plugin.cli.nemo_noise import parse_key_values
+from nemo_noise_plugin.jobs.launch.finetune import run_finetune
+from nemo_noise_plugin.validation import SettingError
+
+
+def test_an_override_given_twice_is_refused_naming_both_values():
+    with pytest.raises(SettingError) as refused:
+        run_finetune("tiny_noise_sft", ["model.noise.alpha=5", "model.noise.alpha=10"], dryrun=True, print_fn=print)
+    assert str(refused.value) == (
+        "model.noise.alpha=['5', '10'] is invalid: expected one value (the setting is given more than once; keep one)."
+    )
+
+
+def test_an_override_and_its_deletion_count_as_the_same_setting():
+    with pytest.raises(SettingError, match=r"^train.exit_interval=\['4', ''\] is invalid"):
+        run_finetune("tiny_noise_sft", ["train.exit_interval=4", "~train.exit_interval"], dryrun=True, print_fn=print)
+
+
+@pytest.mark.parametrize("option", ["-f", "--config-file"])
+def test_the_finetune_front_door_refuses_an_option_given_twice(option, capsys):
+    arguments = ["-f", "tiny_noise_sft", "--dryrun"] if option == "--config-file" else ["--dryrun"]
+    with pytest.raises(SystemExit) as stopped:
+        finetune_main([*arguments, option, "recipes/a.yaml", option, "recipes/b.yaml"])
+    assert stopped.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert "is given more than once ('recipes/b.yaml'): expected it once." in line and "\n" not in line
+
+
+def test_a_nemo_noise_argument_given_twice_is_refused():
+    with pytest.raises(ValueError, match=r"^argument alpha= is given more than once: expected each argument once"):
+        parse_key_values(["config=neftune_alpha5", "alpha=5", "alpha=10"])
