@@ -114,6 +114,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--stop-after={args.stop_after} is invalid: expected an integer in [1, --steps={args.steps}).")
     if args.clean_pretrain_steps is not None and args.clean_pretrain_steps < 0:
         parser.error(f"--clean-pretrain-steps={args.clean_pretrain_steps} is invalid: expected an integer >= 0.")
+    if args.clean_pretrain_steps == 0 and RECIPES[args.recipe].clean_pretrain_steps > 0:
+        parser.error(
+            f"--clean-pretrain-steps=0 is invalid with --recipe {args.recipe}: expected an integer >= 1 (default "
+            f"{RECIPES[args.recipe].clean_pretrain_steps}), since this recipe trains from scratch and its distillation "
+            "teacher would be the randomly initialised model."
+        )
     if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         parser.error(f"--lr={args.lr} is invalid: expected a finite number > 0.")
     return args

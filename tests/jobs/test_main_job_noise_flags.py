@@ -27,3 +27,19 @@ def test_a_flag_of_another_family_is_an_error_naming_the_flag_and_the_field_to_u
         build_noise_config(parse_args(["--laplace-scale", "0.2"]))
     with pytest.raises(ValueError, match=r"--scaling=absolute is not used by mechanism 'laplace' \(only by uniform"):
         build_noise_config(parse_args(["--mechanism", "laplace", "--scaling", "absolute"]))
+
+
+def test_no_clean_pretraining_for_a_from_scratch_distillation_recipe_is_refused(capsys):
+    """Before (issue 36, finding 8) the run distilled from a randomly initialised teacher without a word."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--recipe", "tiny_noise_distillation", "--clean-pretrain-steps", "0"])
+    assert stopped.value.code == 2
+    assert (
+        "--clean-pretrain-steps=0 is invalid with --recipe tiny_noise_distillation: expected an integer >= 1 "
+        "(default 100), since this recipe trains from scratch and its distillation teacher would be the randomly "
+        "initialised model." in capsys.readouterr().err
+    )
+
+
+def test_no_clean_pretraining_is_fine_for_a_recipe_without_a_teacher():
+    assert parse_args(["--recipe", "tiny_noise_sft", "--clean-pretrain-steps", "0"]).clean_pretrain_steps == 0
