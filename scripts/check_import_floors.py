@@ -84,7 +84,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (LIBRARY, "noise layer", ("noise", "noise.layer", "noise.hf_inference")),
     (LIBRARY, "noise draws", ("noise.mechanisms", "noise.schedule", "noise.geometry")),
-    (LIBRARY, "noise config", ("noise.config", "noise.calibration", "noise.families")),
+    (LIBRARY, "noise config", ("noise.config", "noise.calibration", "noise.families", "noise.bounds")),
     (LIBRARY, "random streams", ("noise.sampling", "noise.triton_kernel", "noise.philox")),
     (LIBRARY, "presets", ("presets",)),
     (LIBRARY, "utilities", ("utils", "validation", "yaml_files", "upstream")),

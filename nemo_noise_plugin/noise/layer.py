@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from nemo_noise_plugin.noise.bounds import check_noised_finite
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import (
@@ -97,7 +98,7 @@ class EmbeddingNoise:
         selected = selected_tokens(self.config, geometry, batch.input_ids)
         micro_batch_size = decoder_input.size(1)
         sample_index = global_sample_indices(micro_batch_size, clock.microbatch, layout, decoder_input.device)
-        return apply_noise(
+        noised = apply_noise(
             decoder_input,
             self.config,
             factor=schedule_factor(self.config, clock.iteration),
@@ -106,3 +107,6 @@ class EmbeddingNoise:
             sample_index=sample_index,
             iteration=clock.iteration,
         )
+        if clock.microbatch == 0 and noised is not decoder_input:  # once per iteration: one reduction
+            check_noised_finite(self.config, noised, decoder_input, clock.iteration)
+        return noised

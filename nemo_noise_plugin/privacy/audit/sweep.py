@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from nemo_noise_plugin.noise.bounds import check_noise_fits
 from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig, unused_magnitude_defaults
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
@@ -206,6 +207,7 @@ def audit_sweep(
         for level, config in zip(sweep.levels, sweep.configs(base_config), strict=True):
             if config.scaling == "embedding_distance" and config.embedding_distance is None:
                 config = dataclasses.replace(config, embedding_distance=distance)
+            check_noise_fits(config, table.size(1), table.dtype)  # not NaN rows in the report
             usable = [a for a in attacks if a != "direction" or clips_embeddings(config)]
             skipped += [{"mechanism": sweep.mechanism, "attack": a} for a in attacks if a not in usable]
             report = audit(
