@@ -91,7 +91,7 @@ def run_settings(config: Any) -> dict[str, Any]:
     """The settings that decide the computation ``config`` (a ``ConfigContainer``) describes, flat and readable
     (``{"model.noise.alpha": 10.0, "rng.seed": 1234, ...}``): model and noise, data, tokenizer, optimizer, schedule,
     steps and seed; not the checkpoint or exit settings, and paths by their last part (``_location_free``)."""
-    settings = config.to_dict()
+    settings = config if isinstance(config, dict) else config.to_dict()  # a dict: a run_config.yaml, read
     chosen = {name: settings.get(name) for name in _FINGERPRINT_SECTIONS}
     chosen["train"] = {key: value for key, value in (chosen["train"] or {}).items() if key not in _NOT_COMPUTATION}
     flat: dict[str, Any] = {}

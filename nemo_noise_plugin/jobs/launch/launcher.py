@@ -41,6 +41,7 @@ from nemo_noise_plugin.validation import SettingError, check_int
 __all__ = [
     "GPU_REQUIRED_MESSAGE",
     "GPUUnavailableError",
+    "check_bridge_resume",
     "check_run_settings",
     "forward_step_for",
     "launch",
@@ -85,6 +86,45 @@ def saved_checkpoints() -> list[str]:
         if tracker.is_file():
             found.append(f"{folder} (iteration {tracker.read_text().strip()})")
     return found
+
+
+BRIDGE_RESUME_SETTINGS = ("model.noise.", "model.kd.", "rng.seed")
+"""The settings a Bridge checkpoint's ``run_config.yaml`` must agree on with a run that resumes from it: the plugin's
+own (noise, KD) and the seed, which Bridge's set-up leaves as they were given (its derived model and data fields it
+fills in, so they are not compared)."""
+
+
+def check_bridge_resume(config: Any) -> None:
+    """``CheckpointMismatchError`` naming each difference when ``checkpoint.load`` holds a Bridge checkpoint (its
+    tracker names an iteration) whose ``run_config.yaml`` records other ``BRIDGE_RESUME_SETTINGS``: Bridge would
+    resume from it whatever it was trained with. Paths count by their last part, so a moved folder resumes."""
+    import yaml
+
+    from nemo_noise_plugin.jobs.cpu.checkpoint import CheckpointMismatchError, run_settings, setting_differences
+
+    load = config.checkpoint.load
+    tracker = Path(load) / "latest_checkpointed_iteration.txt" if load else None
+    if tracker is None or not tracker.is_file():
+        return
+    iteration = tracker.read_text().strip()
+    name = "release" if iteration == "release" else f"iter_{int(iteration):07d}" if iteration.isdigit() else None
+    recorded = Path(load) / name / "run_config.yaml" if name else None
+    if recorded is None or not recorded.is_file():
+        return
+    with open(recorded, encoding="utf-8") as stream:
+        saved = run_settings(yaml.safe_load(stream) or {})
+    current = run_settings(config)
+
+    def chosen(settings: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in settings.items() if key.startswith(BRIDGE_RESUME_SETTINGS)}
+
+    differences = setting_differences(chosen(saved), chosen(current))
+    if differences:
+        raise CheckpointMismatchError(
+            f"checkpoint {load} (iteration {iteration}) was saved by other settings: {differences}; it is kept: "
+            "rerun with its settings to resume it, or train these in another folder (--output-dir, or "
+            "checkpoint.save and checkpoint.load)."
+        )
 
 
 def check_run_settings(
@@ -266,6 +306,7 @@ def launch(
         return
     from nemo_noise_plugin.jobs.launch.bridge_console import bridge_output, on_console
 
+    check_bridge_resume(config)
     use_prebuilt_dataset_helpers()
     if config.checkpoint.save:
         _BRIDGE_SAVE_FOLDERS.append(Path(config.checkpoint.save))
