@@ -92,6 +92,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="after the report, keep only the newest N report folders and checkpoints of the recipe in --output-dir "
         "(never the ones reports/latest and the checkpoint tracker name); default: keep all",
     )
+    parser.add_argument(
+        "--held-out",
+        type=int,
+        metavar="N",
+        help="instruction recipes: score the task report on the first N examples of each held-out split (default all)",
+    )
+    parser.add_argument(
+        "--chats",
+        type=int,
+        metavar="N",
+        help="instruction recipes: held-out questions the exported model answers in transformers (default 4)",
+    )
     parser.add_argument("--noise-config", help="a noise preset name (e.g. gaussian) or a YAML of NoiseConfig fields")
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
     for flag, family in _MAGNITUDE_FLAGS.items():
@@ -120,6 +132,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             f"{RECIPES[args.recipe].clean_pretrain_steps}), since this recipe trains from scratch and its distillation "
             "teacher would be the randomly initialised model."
         )
+    for name in ("held_out", "chats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: expected an integer >= 1.")
     if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         parser.error(f"--lr={args.lr} is invalid: expected a finite number > 0.")
     return args
@@ -202,6 +217,9 @@ def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
             recipe=args.recipe,
             keep_last=args.keep_last,
             reports=RECIPES[args.recipe].reports,
+            task_options={
+                key: value for key, value in (("held_out", args.held_out), ("samples", args.chats)) if value is not None
+            },
         )
     except ValueError as error:  # the plugin's settings, re-validated before the model is built
         print(f"error: {error}", file=sys.stderr)

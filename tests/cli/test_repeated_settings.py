@@ -36,3 +36,14 @@ def test_the_finetune_front_door_refuses_an_option_given_twice(option, capsys):
 def test_a_nemo_noise_argument_given_twice_is_refused():
     with pytest.raises(ValueError, match=r"^argument alpha= is given more than once: expected each argument once"):
         parse_key_values(["config=neftune_alpha5", "alpha=5", "alpha=10"])
+
+
+def test_checkpoint_save_moves_checkpoint_load_with_it(tmp_path):
+    """Issue 36, finding 10: ``checkpoint.save=DIR`` left ``checkpoint.load`` at the recipe's default folder."""
+    config = run_finetune("tiny_noise_sft", [f"checkpoint.save={tmp_path}/c"], dryrun=True, print_fn=lambda _: None)
+    assert config.checkpoint.load == f"{tmp_path}/c"
+    both = [f"checkpoint.save={tmp_path}/c", f"checkpoint.load={tmp_path}/other"]
+    assert (
+        run_finetune("tiny_noise_sft", both, dryrun=True, print_fn=lambda _: None).checkpoint.load
+        == f"{tmp_path}/other"
+    )

@@ -31,6 +31,7 @@ from nemo_noise_plugin.recipes import RECIPES, recipe_function
 
 __all__ = [
     "check_distinct_overrides",
+    "follow_checkpoint_save",
     "FinetuneError",
     "UnknownFactoryError",
     "check_recipe_arguments",
@@ -183,6 +184,14 @@ def check_distinct_overrides(overrides: Sequence[str]) -> None:
             raise SettingError(key, values, "one value", why=" (the setting is given more than once; keep one)")
 
 
+def follow_checkpoint_save(config: Any, overrides: Sequence[str]) -> None:
+    """An override of ``checkpoint.save`` without one of ``checkpoint.load`` moves the load folder with it: a run told
+    to save elsewhere resumes from there, not from the recipe's default folder (another run's checkpoints)."""
+    keys = {override.lstrip("+~").partition("=")[0].strip() for override in overrides}
+    if "checkpoint.save" in keys and "checkpoint.load" not in keys:
+        config.checkpoint.load = config.checkpoint.save
+
+
 def run_finetune(
     recipe: str | Callable[[], Any],
     overrides: Sequence[str] = (),
@@ -231,6 +240,7 @@ def run_finetune(
         if isinstance(recipe, str):
             recipe = load_recipe(recipe)
         config = apply_overrides(build_config(recipe, factory), overrides, config_file)
+        follow_checkpoint_save(config, overrides)
         if dryrun:  # the settings a real run's launch() rejects, creating nothing
             from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
 

@@ -118,8 +118,9 @@ TASK_REPORT_SPLITS = ("validation", "test")
 in training or model selection; absent when the dataset has no ``test.jsonl``)."""
 
 
-def task_batches(state: Any, device: Any) -> dict[str, list[dict[str, Any]]]:
-    """Batches of every ``TASK_REPORT_SPLITS`` split the run's dataset has, one example per row, whole batches only.
+def task_batches(state: Any, device: Any, held_out: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Batches of every ``TASK_REPORT_SPLITS`` split the run's dataset has, one example per row, whole batches only
+    (of the first ``held_out`` examples of each split when given).
 
     Built from Bridge's dataset provider and tokenizer as the run has them (``recipe_datasets``, unpacked); the CPU
     gets an explicit causal mask, a GPU none (the attention's own causal mask).
@@ -128,7 +129,8 @@ def task_batches(state: Any, device: Any) -> dict[str, list[dict[str, Any]]]:
     size = state.cfg.train.micro_batch_size
     mask = causal_attention_mask(state.cfg.model.seq_length) if torch.device(device).type == "cpu" else None
     found = dict(zip(TASK_REPORT_SPLITS, (valid, test), strict=True))
-    return {split: collate(data, len(data) // size, size, mask, device) for split, data in found.items() if data}
+    counts = {split: len(data) if held_out is None else min(len(data), held_out) for split, data in found.items()}
+    return {split: collate(data, counts[split] // size, size, mask, device) for split, data in found.items() if data}
 
 
 def hf_logit_agreement(model: nn.Module, folder: str, batches: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -395,6 +397,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
         frontier: bool = True,
         frontier_tokens: int = FRONTIER_TOKENS,
         frontier_attacks: Sequence[str] = FRONTIER_ATTACKS,
+        held_out: int | None = None,
     ) -> None:
         from nemo_noise_plugin.privacy.audit.run import ATTACKS
 
@@ -408,6 +411,9 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
             )
         self.report, self.export, self.samples = report, export, samples
         self.frontier, self.frontier_tokens, self.frontier_attacks = frontier, frontier_tokens, tuple(frontier_attacks)
+        if held_out is not None and (isinstance(held_out, bool) or not isinstance(held_out, int) or held_out < 1):
+            raise ValueError(f"held_out={held_out!r} is invalid: expected an integer >= 1 (or None: every example).")
+        self.held_out = held_out
         self.results: dict[str, Any] = {}
         self.batches: list[dict[str, Any]] | None = None
 
@@ -416,7 +422,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
 
         model = unwrap_model(context.model[0])
         if self.batches is None:
-            self.batches = task_batches(context.state, next(model.parameters()).device)
+            self.batches = task_batches(context.state, next(model.parameters()).device, self.held_out)
         was_training = model.training
         model.eval()
         eos = recipe_tokenizer(context.state).eod
