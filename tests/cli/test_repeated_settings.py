@@ -47,3 +47,23 @@ def test_checkpoint_save_moves_checkpoint_load_with_it(tmp_path):
         run_finetune("tiny_noise_sft", both, dryrun=True, print_fn=lambda _: None).checkpoint.load
         == f"{tmp_path}/other"
     )
+
+
+@pytest.mark.slow  # a nemo subprocess: about 5 s of CPU (measured 2026-12-03), 20 s on a loaded 2-core machine
+def test_nemo_llm_finetune_refuses_a_factory_given_twice():
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    nemo = pathlib.Path(sys.executable).with_name("nemo")
+    repository = pathlib.Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(repository), os.environ.get("PYTHONPATH", "")])}
+    arguments = ["llm", "finetune", "-f", "tiny_noise_sft", "-f", "tiny_noise_distillation", "--dryrun"]
+    result = subprocess.run([str(nemo), *arguments], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert (
+        "Error: --factory/-f is given more than once (['tiny_noise_sft', 'tiny_noise_distillation']): expected it once."
+        in result.stderr
+    )
+    assert "Dry run" not in result.stdout
