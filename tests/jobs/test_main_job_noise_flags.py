@@ -43,3 +43,20 @@ def test_no_clean_pretraining_for_a_from_scratch_distillation_recipe_is_refused(
 
 def test_no_clean_pretraining_is_fine_for_a_recipe_without_a_teacher():
     assert parse_args(["--recipe", "tiny_noise_sft", "--clean-pretrain-steps", "0"]).clean_pretrain_steps == 0
+
+
+def test_held_out_and_chats_reach_the_task_report(tmp_path):
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.callbacks import report_callbacks
+
+    args = parse_args(["--recipe", "tiny_noise_sft", "--held-out", "8", "--chats", "2"])
+    assert (args.held_out, args.chats) == (8, 2)
+    (task,) = report_callbacks(["task"], None, RunReport(str(tmp_path)), task_options={"held_out": 8, "samples": 2})
+    assert (task.held_out, task.samples) == (8, 2)
+
+
+@pytest.mark.parametrize("flag", ["--held-out", "--chats"])
+def test_held_out_or_chats_below_one_is_refused(flag, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args([flag, "0"])
+    assert stopped.value.code == 2 and f"{flag}=0 is invalid: expected an integer >= 1." in capsys.readouterr().err
