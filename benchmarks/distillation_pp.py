@@ -76,7 +76,7 @@ def _chunks(model: dict, seq: int, device: str):
     from nemo_noise_plugin.distillation.teacher import build_clean_teacher
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.providers import NoisyDistillationProvider
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.recipes.common import local_spec_settings
 
     provider = NoisyDistillationProvider(
         **model,

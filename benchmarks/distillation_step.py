@@ -56,7 +56,7 @@ SEQ, MICRO_BATCH, GLOBAL_BATCH = 2048, 2, 8
 def _provider_settings():
     import torch
 
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.recipes.common import local_spec_settings
 
     return dict(
         **MODEL,

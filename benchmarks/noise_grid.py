@@ -170,7 +170,7 @@ def score_batches(model: Any, batches: Sequence[dict[str, Any]], eos_id: int, no
     import torch
 
     from nemo_noise_plugin.distillation.teacher import build_clean_teacher
-    from nemo_noise_plugin.jobs.reports.task_report import answer_positions
+    from nemo_noise_plugin.jobs.reports.task_metric import answer_positions
     from nemo_noise_plugin.model.make_noisy import make_noisy
 
     scored = model
@@ -208,7 +208,7 @@ def score_batches(model: Any, batches: Sequence[dict[str, Any]], eos_id: int, no
 def prompts_and_answers(batches: Sequence[dict[str, Any]], eos_id: int) -> list[tuple[list[int], list[int], str]]:
     """Per example of SFT ``batches``: the prompt's token ids (through the generation prompt), the reference answer's
     ids (without the end-of-turn token) and the task."""
-    from nemo_noise_plugin.jobs.reports.task_report import answer_positions
+    from nemo_noise_plugin.jobs.reports.task_metric import answer_positions
 
     examples = []
     for batch in batches:
@@ -410,7 +410,7 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     from megatron.core.utils import unwrap_model
 
     from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, recipe_tokenizer
-    from nemo_noise_plugin.jobs.reports.task_report import task_batches
+    from nemo_noise_plugin.jobs.reports.task_metric import task_batches
 
     inner = unwrap_model(model)
     device = next(inner.parameters()).device
@@ -695,7 +695,7 @@ def main() -> None:
         spec["frontier_levels"] = tuple(spec["frontier_levels"])
         hf_path = args.hf_path
         if hf_path is None:
-            from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
+            from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
 
             hf_path = str(ensure_smollm2_hf())
         run_cell(Cell(**spec), Path(args.out), hf_path, args.epochs)

@@ -37,7 +37,7 @@ def main() -> None:
     if args.table == "smollm2":
         from safetensors import safe_open
 
-        from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
+        from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
 
         with safe_open(str(ensure_smollm2_hf() / "model.safetensors"), framework="pt") as handle:
             base = handle.get_tensor("model.embed_tokens.weight").float()

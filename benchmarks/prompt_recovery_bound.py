@@ -58,7 +58,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from nemo_noise_plugin.data.instruction_set import instruction_examples
-    from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
+    from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
     from nemo_noise_plugin.privacy.audit import noised_embeddings
     from nemo_noise_plugin.privacy.audit.attacks import nearest_neighbour_attack
     from nemo_noise_plugin.privacy.audit.beam import lm_beam_attack

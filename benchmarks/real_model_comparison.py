@@ -42,9 +42,10 @@ def run_one(variant: str, seed: int, steps: int, lr: float, output_dir: str) -> 
     from megatron.core.utils import unwrap_model
 
     from nemo_noise_plugin.jobs.launch.launcher import launch
+    from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
     from nemo_noise_plugin.jobs.progress import ProgressLine
     from nemo_noise_plugin.jobs.reports.robustness import held_out_batches, logits_of, robustness_curve
-    from nemo_noise_plugin.jobs.reports.task_report import exact_match
+    from nemo_noise_plugin.jobs.reports.task_metric import exact_match
     from nemo_noise_plugin.recipes.smollm2 import (
         smollm2_135m_noise_distillation_config,
         smollm2_135m_noise_sft_config,
@@ -54,6 +55,7 @@ def run_one(variant: str, seed: int, steps: int, lr: float, output_dir: str) -> 
     noise, kd = _noise_and_kd(variant)
     noise = dataclasses.replace(noise, seed=seed)
     common = dict(dir=os.path.join(output_dir, "runs"), name=f"{variant}_s{seed}", train_iters=steps, lr=lr)
+    common["hf_path"] = str(ensure_smollm2_hf())  # the offline folder, not the hub id the recipes default to
     if kd is None:
         config = smollm2_135m_noise_sft_config(noise=noise, **common)
     else:

@@ -49,8 +49,8 @@ def _builders(hf_path: str):
     """``model_and_step(mode)`` and ``config_for(provider)`` for ``BridgeRun``: the SmolLM2 SFT recipe's pieces."""
     from nemo_noise_plugin.distillation.config import KDConfig
     from nemo_noise_plugin.noise.config import NoiseConfig
+    from nemo_noise_plugin.recipes.common import local_spec_settings
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config, smollm2_provider
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
@@ -126,7 +126,7 @@ def tokens_per_step(run: BridgeRun, steps: int = 32) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hf-path", help="SmolLM2 HF folder (default: nemo_noise_plugin.data.smollm2_wheel's cache)")
+    parser.add_argument("--hf-path", help="SmolLM2 HF folder (default: nemo_noise_plugin.jobs.models' cache)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=8, help="steps per mode per repeat")
     parser.add_argument("--discard", type=int, default=2, help="steps dropped at the start of each slot")
@@ -142,7 +142,7 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29519")
     use_prebuilt_dataset_helpers()
     if args.hf_path is None:
-        from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
+        from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
 
         args.hf_path = str(ensure_smollm2_hf())
     model_and_step, config_for = _builders(args.hf_path)

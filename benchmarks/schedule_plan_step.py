@@ -88,7 +88,7 @@ def _guard_single_rank_all_to_all() -> None:
 
 
 def _settings(args: argparse.Namespace, overlap: bool) -> dict:
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.recipes.common import local_spec_settings
 
     settings = {key: value for key, value in local_spec_settings().items() if key != "transformer_layer_spec"}
     return dict(

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from nemo_noise_plugin.jobs.cpu import causal_attention_mask, destroy_cpu_parallel, free_port, init_cpu_parallel
-from nemo_noise_plugin.recipes.tiny import CUDA_FREE_SETTINGS
+from nemo_noise_plugin.recipes.common import CUDA_FREE_SETTINGS
 
 __all__ = [
     "PAD_TOKEN",

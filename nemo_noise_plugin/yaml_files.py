@@ -4,7 +4,7 @@ PyYAML implements YAML 1.1, where a float needs a dot (``1.0e-3``): ``lr: 1e-3``
 learning rate, arrives as the string ``'1e-3'``, while OmegaConf (``OmegaConf.load``) and Hydra's ``key=value``
 overrides read it as 0.001. PyYAML also lets a repeated key silently win and reads an empty file as ``None``. The
 readers of ``--config-file`` (``training.overrides``), ``--noise-config`` and the presets (``presets``), the
-ledger and audit configs and their ``key=value`` arguments (``cli.nemo_noise``) all go through this module.
+ledger and audit configs and their ``key=value`` arguments (``parse_key_values``) all go through this module.
 
 Rules (``PluginYAMLLoader``, a ``yaml.SafeLoader``: no Python tags):
 
@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import yaml
 
-__all__ = ["PluginYAMLLoader", "YAMLInputError", "load_yaml_file", "load_yaml_value"]
+__all__ = ["PluginYAMLLoader", "YAMLInputError", "load_yaml_file", "load_yaml_value", "parse_key_values"]
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _FLOAT = re.compile(
@@ -149,6 +150,21 @@ def load_yaml_value(text: str, *, what: str = "value") -> Any:
         raise YAMLInputError(
             f"{what}{_explain(error)}; expected a YAML value, e.g. 3, 1e-3, true, null, [1, 2] or text."
         ) from None
+
+
+def parse_key_values(arguments: Sequence[str], text_keys: Collection[str] = ()) -> dict[str, Any]:
+    """``["epochs=3", "clip_norm=null", "tokens=1e3"]`` -> ``{"epochs": 3, "clip_norm": None, "tokens": 1000.0}``
+    (values read as YAML by ``yaml_files.load_yaml_value``: ``1e-3`` is a number). The values of ``text_keys``
+    (names, paths, ``sweep=alpha:1,5``) stay the text as typed, so YAML cannot turn ``alpha:`` into a mapping."""
+    values: dict[str, Any] = {}
+    for argument in arguments:
+        key, separator, value = argument.partition("=")
+        if not separator or not key:
+            raise ValueError(f"argument {argument!r} is invalid: expected key=value, e.g. sequence_length=512.")
+        if key in values:  # the last one would win without a word
+            raise ValueError(f"argument {key}= is given more than once: expected each argument once ({argument!r}).")
+        values[key] = value if key in text_keys else load_yaml_value(value, what=f"argument {argument!r}")
+    return values
 
 
 def _explain(error: yaml.YAMLError) -> str:

@@ -10,9 +10,13 @@ Every ``import`` statement in the package counts, including those inside functio
 a lazy import upward is still an upward import. ``from package import name`` counts as an import of
 ``package.name`` when that is a module. A floor lists dotted prefixes under the package; a module belongs to the
 floor of its longest matching prefix, so a wide folder can be ordered into sub-floors without moving files.
-The check fails on an import cycle, an upward import, a library -> jobs or library -> cli import, a module on no
-floor, more than ``MAX_ROOT_MODULES`` modules at the package root (besides ``__init__`` and ``__main__``), or a floor
-of more than ``MAX_FLOOR_WIDTH`` modules. Usage::
+A module's wing is its first folder under the package: ``jobs/`` is the jobs wing, ``cli/`` (and ``__main__``) the
+command line, every other folder and root module the library; the floors table cannot move a module across wings.
+Folders import each other one way only: two sibling folders (``noise/`` and ``model/``, ``jobs/launch/`` and
+``jobs/reports/``) that import each other, directly or round a ring of folders, are a folder cycle, even when no
+module cycle joins them. The check fails on an import cycle, a folder cycle, an upward import, a library -> jobs or
+library -> cli import, a module on no floor, more than ``MAX_ROOT_MODULES`` modules at the package root (besides
+``__init__`` and ``__main__``), or a floor of more than ``MAX_FLOOR_WIDTH`` modules. Usage::
 
     python scripts/check_import_floors.py          # figures and each violation; exit 1 on any
     python scripts/check_import_floors.py --tree   # also the module tree: module, wing, first docstring line
@@ -36,14 +40,30 @@ MAX_ROOT_MODULES = 5
 MAX_FLOOR_WIDTH = 8
 """Modules on one floor: they import each other in no fixed order, so a reader takes them in at once."""
 
+WING_FOLDERS = {"cli": CLI, "jobs": JOBS}
+"""First folder under the package -> wing; any other folder, and every root module but ``__main__``, is the library."""
+
 FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     (CLI, "front doors", ("__main__", "cli.main_job", "cli.nemo_llm", "cli.finetune", "cli.nemo_noise")),
     (CLI, "command-line support", ("cli",)),
     (JOBS, "executors", ("jobs.executors",)),
-    (JOBS, "main job", ("jobs.main_job", "training.launch")),
+    (JOBS, "main job", ("jobs.main_job",)),
     (JOBS, "launch", ("jobs.launch",)),
+    (JOBS, "audit", ("jobs.audit",)),
     (JOBS, "reports", ("jobs.reports",)),
+    (
+        JOBS,
+        "report measures",
+        (
+            "jobs.reports.robustness_statistics",
+            "jobs.reports.task_metric",
+            "jobs.reports.task_frontier",
+            "jobs.reports.hf_export",
+        ),
+    ),
+    (JOBS, "report files", ("jobs.reports.artifacts", "jobs.reports.provenance")),
     (JOBS, "CPU loop", ("jobs.cpu",)),
+    (JOBS, "models", ("jobs.models",)),
     (JOBS, "progress, batches", ("jobs",)),
     (LIBRARY, "package", ("",)),
     (LIBRARY, "forward steps, overrides", ("training",)),
@@ -60,10 +80,10 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
         (
             "distillation.pipeline_teacher",
             "distillation.losses",
+            "distillation.divergences",
             "distillation.kd_kernel",
             "distillation.vocab_parallel",
             "distillation.config",
-            "distillation.kd_config",
         ),
     ),
     (LIBRARY, "model", ("model",)),
@@ -82,15 +102,16 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
             "privacy.audit.checks",
         ),
     ),
-    (LIBRARY, "noise layer", ("noise", "noise.layer", "noise.hf_inference")),
-    (LIBRARY, "noise draws", ("noise.mechanisms", "noise.schedule", "noise.geometry")),
+    (LIBRARY, "noise layer", ("noise", "noise.layer", "noise.hf_inference", "noise.hf_inputs")),
+    (LIBRARY, "noise draws", ("noise.mechanisms", "noise.schedule", "noise.geometry", "noise.projection")),
     (LIBRARY, "noise config", ("noise.config", "noise.calibration", "noise.families", "noise.bounds")),
     (LIBRARY, "random streams", ("noise.sampling", "noise.triton_kernel", "noise.philox")),
     (LIBRARY, "presets", ("presets",)),
     (LIBRARY, "utilities", ("utils", "validation", "yaml_files", "upstream")),
 ]
 """``(wing, floor, dotted prefixes)``, top floor first. A module's floor is that of its longest matching prefix
-(``""`` = the package ``__init__`` only); ``training.launch`` is the jobs wing's alias at its old, documented path."""
+(``""`` = the package ``__init__`` only). The wing column says which wing the floor's modules must lie in (by their
+folder, ``wing_of_module``); a floor holding a module of another wing is a misplaced module."""
 
 
 @dataclass
@@ -104,6 +125,10 @@ class Report:
     across_wings: list[tuple[str, str]] = field(default_factory=list)
     """Imports from the library into the jobs wing or ``cli/`` (each is also upward)."""
     cycles: list[list[str]] = field(default_factory=list)
+    folder_cycles: list[list[str]] = field(default_factory=list)
+    """Sibling folders that import each other (directly or round a ring), as dotted folder names."""
+    misplaced: list[str] = field(default_factory=list)
+    """Modules on a floor of another wing than their folder's."""
     root_modules: list[str] = field(default_factory=list)
     """Modules directly under the package, besides ``__init__`` and ``__main__``."""
     floor_widths: dict[str, int] = field(default_factory=dict)
@@ -124,6 +149,8 @@ class Report:
         """Whether anything breaks the plan."""
         return bool(
             self.cycles
+            or self.folder_cycles
+            or self.misplaced
             or self.upward
             or self.across_wings
             or self.unplaced
@@ -185,6 +212,39 @@ def wing_of(floor: int) -> str:
     return FLOORS[floor][0]
 
 
+def wing_of_module(name: str, package: str) -> str:
+    """The wing of module ``name``, from its first folder under the package (``__main__``: the command line)."""
+    parts = name.split(".")[1:]
+    if parts == ["__main__"]:
+        return CLI
+    return WING_FOLDERS.get(parts[0], LIBRARY) if parts else LIBRARY
+
+
+def folder_of(path: Path, root: Path, package: str) -> tuple[str, ...]:
+    """The folders of ``path`` under the package, outermost first (``()`` for a root module or the package)."""
+    return path.relative_to(root / package).parent.parts
+
+
+def folder_edges(report: Report, root: Path, package: str) -> dict[str, set[str]]:
+    """Folder -> the sibling folders it imports: an import from ``a/x/m`` into ``a/y/n`` is the edge ``a.x -> a.y``.
+
+    A module directly in a folder importing one of the folder's own subfolders is no edge between siblings, and a
+    root module is in no folder.
+    """
+    edges: dict[str, set[str]] = {}
+    for name, targets in report.edges.items():
+        source = folder_of(report.modules[name], root, package)
+        for target_name in targets:
+            target = folder_of(report.modules[target_name], root, package)
+            shared = 0
+            while shared < min(len(source), len(target)) and source[shared] == target[shared]:
+                shared += 1
+            if shared < len(source) and shared < len(target):
+                from_folder, to_folder = ".".join(source[: shared + 1]), ".".join(target[: shared + 1])
+                edges.setdefault(from_folder, set()).add(to_folder)
+    return edges
+
+
 def strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
     """The import cycles: strongly connected components with more than one module (Tarjan's algorithm)."""
     index: dict[str, int] = {}
@@ -233,15 +293,16 @@ def check(root: Path, package: str = PACKAGE) -> Report:
             report.unplaced.append(name)
             continue
         report.floor_widths[FLOORS[floor][1]] += 1
+        if wing_of(floor) != wing_of_module(name, package):
+            report.misplaced.append(name)
         for target in sorted(report.edges[name]):
             target_floor = floor_of(target, package)
-            if target_floor is None:
-                continue
-            if target_floor < floor:
+            if target_floor is not None and target_floor < floor:
                 report.upward.append((name, target))
-            if wing_of(floor) == LIBRARY and wing_of(target_floor) != LIBRARY:
+            if wing_of_module(name, package) == LIBRARY and wing_of_module(target, package) != LIBRARY:
                 report.across_wings.append((name, target))
     report.cycles = strongly_connected(report.edges)
+    report.folder_cycles = strongly_connected(folder_edges(report, root, package))
     return report
 
 
@@ -258,18 +319,21 @@ def main(argv: list[str] | None = None) -> int:
     report = check(args.root)
     if args.tree:
         for name, path in report.modules.items():
-            floor = floor_of(name, PACKAGE)
-            wing = wing_of(floor) if floor is not None else "?"
+            wing = wing_of_module(name, PACKAGE)
             print(f"{name:<48} {wing:<8} {first_docstring_line(path)}")
         print()
     for name in report.unplaced:
         print(f"unplaced module (add it to a floor in scripts/check_import_floors.py): {name}")
+    for name in report.misplaced:
+        print(f"module on a floor of another wing than its folder's ({wing_of_module(name, PACKAGE)}): {name}")
     for source, target in report.across_wings:
-        print(f"library imports the {wing_of(floor_of(target, PACKAGE))} wing: {source} -> {target}")
+        print(f"library imports the {wing_of_module(target, PACKAGE)} wing: {source} -> {target}")
     for source, target in report.upward:
         print(f"upward import: {source} -> {target}")
     for cycle in report.cycles:
         print(f"import cycle: {' <-> '.join(cycle)}")
+    for cycle in report.folder_cycles:
+        print(f"folder cycle: {' <-> '.join(cycle)}")
     for name, width in report.too_wide:
         print(f"floor too wide: {name!r} holds {width} modules (at most {MAX_FLOOR_WIDTH})")
     if len(report.root_modules) > MAX_ROOT_MODULES:
@@ -278,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{len(report.modules)} modules, {sum(map(len, report.edges.values()))} imports: "
         f"{len(report.cycles)} import cycles, {len(report.upward)} upward imports, "
-        f"{len(report.across_wings)} library -> jobs/cli imports, {len(report.unplaced)} unplaced; "
+        f"{len(report.unplaced)} unplaced; "
+        f"library -> jobs/cli imports {len(report.across_wings)} by folder, folder cycles {len(report.folder_cycles)}; "
         f"root {len(report.root_modules)} modules (max {MAX_ROOT_MODULES}), "
         f"widest floor {widest!r} {width} modules (max {MAX_FLOOR_WIDTH})"
     )

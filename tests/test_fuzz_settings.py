@@ -261,7 +261,7 @@ AUDIT_KEYS = (*AUDIT_KEYS, "attacks", "device", "task_loss", "sweep", "model")
 @_fuzz(10)
 @given(value=WILD)
 def test_nemo_noise_audit_arguments_work_or_are_refused_by_name(key, value, tmp_path_factory):
-    from nemo_noise_plugin.cli.nemo_noise import parse_audit_arguments
+    from nemo_noise_plugin.jobs.audit.settings import parse_audit_arguments
 
     output = tmp_path_factory.getbasetemp() / "audit_out"  # checked writable, never created
     arguments = {"model": "tiny", "sweep": "alpha:1,5", "output_dir": str(output), key: _as_argument(value)}

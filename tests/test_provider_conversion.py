@@ -58,7 +58,7 @@ def _autobridge_provider(bridge, directory, load_weights=True):
 
 def _on_cpu(bridge, provider):
     """The CPU settings of tests/test_providers.py: local layer spec, CUDA-only fusions off, finalized."""
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.recipes.common import local_spec_settings
 
     settings = dict(local_spec_settings(), use_cpu_initialization=True)
     # Megatron records the attention backend in process-wide NVTE_* variables and refuses a second, different one;

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_noise_plugin.cli.nemo_noise import AUDIT_COUNT_LIMITS, parse_audit_arguments
+from nemo_noise_plugin.jobs.audit.settings import AUDIT_COUNT_LIMITS, parse_audit_arguments
 from nemo_noise_plugin.noise.config import MAGNITUDE_FIELDS, NoiseConfig
 from nemo_noise_plugin.validation import FLOAT32_MAX, SettingError
 
@@ -86,7 +86,7 @@ def test_each_audit_count_is_accepted_up_to_its_bound_and_refused_past_it(key, t
 
 
 def test_the_audit_count_bounds_are_past_the_defaults_and_the_vocabularies():
-    from nemo_noise_plugin.cli.nemo_noise import AUDIT_DEFAULTS
+    from nemo_noise_plugin.jobs.audit.settings import AUDIT_DEFAULTS
     from nemo_noise_plugin.privacy.audit.search import DEFAULT_QUERY_CHUNK, DEFAULT_VOCAB_CHUNK
 
     assert AUDIT_COUNT_LIMITS["tokens"] >= 100 * AUDIT_DEFAULTS["tokens"]

@@ -247,7 +247,7 @@ def test_the_main_job_rejects_a_repeated_key_in_its_noise_config(tmp_path, capsy
 
 
 def test_key_value_arguments_read_exponent_floats():
-    from nemo_noise_plugin.cli.nemo_noise import parse_key_values
+    from nemo_noise_plugin.yaml_files import parse_key_values
 
     values = parse_key_values(["tokens=1e3", "delta=1e-6", "epochs=3", "clip_norm=null"])
     assert values == {"tokens": 1000.0, "delta": 1e-6, "epochs": 3, "clip_norm": None}
@@ -255,7 +255,7 @@ def test_key_value_arguments_read_exponent_floats():
 
 
 def test_a_key_value_argument_that_is_not_yaml_is_one_error_naming_it():
-    from nemo_noise_plugin.cli.nemo_noise import parse_key_values
+    from nemo_noise_plugin.yaml_files import parse_key_values
 
     with pytest.raises(YAMLInputError, match=r"^argument 'special_token_ids=\[1, 2': not valid YAML"):
         parse_key_values(["special_token_ids=[1, 2"])
@@ -280,7 +280,7 @@ def test_the_ledger_rejects_an_empty_config_file_naming_it(tmp_path):
 
 
 def test_the_audit_reads_exponent_floats_from_its_config_file(tmp_path):
-    from nemo_noise_plugin.cli.nemo_noise import parse_audit_arguments
+    from nemo_noise_plugin.jobs.audit.settings import parse_audit_arguments
 
     path = _file(tmp_path, "alpha: 1e1\n")
     settings = parse_audit_arguments(

@@ -24,7 +24,7 @@ from nemo_noise_plugin.cli.console import quiet_third_party
 from nemo_noise_plugin.cli.exits import UsageParser, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus
 from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log
-from nemo_noise_plugin.jobs.launch.finetune import (  # check_recipe_arguments: re-exported, its old home
+from nemo_noise_plugin.jobs.launch.finetune import (
     FinetuneError,
     check_recipe_arguments,
     load_recipe,
@@ -33,7 +33,7 @@ from nemo_noise_plugin.jobs.launch.finetune import (  # check_recipe_arguments: 
 from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
 from nemo_noise_plugin.recipes import RECIPES
 
-__all__ = ["check_recipe_arguments", "check_to_yaml", "main", "recipe_with_arguments"]
+__all__ = ["check_to_yaml", "main", "recipe_with_arguments"]
 
 _CALL = re.compile(r"^\s*([\w.:]+)\s*\((.*)\)\s*$", re.DOTALL)
 

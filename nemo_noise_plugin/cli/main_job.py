@@ -199,9 +199,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
     from nemo_noise_plugin.jobs.main_job import launch_with_report
+    from nemo_noise_plugin.jobs.models.offline import with_offline_model
     from nemo_noise_plugin.recipes import recipe_function
 
-    recipe = recipe_function(RECIPES[args.recipe].path)
+    recipe = with_offline_model(args.recipe, recipe_function(RECIPES[args.recipe].path))
     lr = args.lr if args.lr is not None else (1e-3 if args.recipe.startswith("tiny") else None)
     config = recipe(dir=args.output_dir, train_iters=args.steps, noise=noise, **({"lr": lr} if lr else {}))
     config.train.exit_interval = args.stop_after

@@ -48,7 +48,8 @@ def launch_with_report(
     starts from those weights (a distillation run's teacher is then that pre-trained model). ``control`` also trains
     the same recipe, steps and seed without noise, and the report shows its curve as ``no noise`` beside ``after``:
     what noise training changed, against what training alone did, with a verdict per noise level (``better``,
-    ``worse`` or ``no difference``: ``robustness.compare_to_control``, a paired interval over the held-out batches).
+    ``worse`` or ``no difference``: ``robustness_statistics.compare_to_control``, a paired interval over the held-out
+    batches).
 
     ``reports`` names the report callbacks of the noise-training run (``Recipe.reports``, built by
     ``jobs.reports.callbacks``); None: ``task`` and ``robustness`` for instruction data, else ``robustness``.

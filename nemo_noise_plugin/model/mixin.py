@@ -25,6 +25,7 @@ from megatron.core.utils import WrappedTensor
 from nemo_noise_plugin.noise.bounds import check_noise_fits
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
+from nemo_noise_plugin.noise.projection import project_noised
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.schedule_plan.builder import PluginSchedulePlanMixin
 
@@ -43,12 +44,15 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
     training loop that knows its iteration calls ``noise_clock.start_iteration(iteration)`` at each step.
     """
 
-    NOISE_ATTRIBUTES: tuple[str, ...] = ("noise_config", "noise_layer", "noise_clock", "_noise_inputs")
+    NOISE_ATTRIBUTES: tuple[str, ...] = ("noise_config", "noise_layer", "noise_clock", "_noise_inputs", "projected_ids")
     """Instance attributes ``init_noise`` sets (``make_plain`` removes them)."""
 
     noise_config: NoiseConfig
     noise_layer: EmbeddingNoise
     noise_clock: NoiseClock
+    projected_ids: torch.Tensor | None
+    """``NoiseConfig.projection='nearest_row'``: the last noised forward's ``Projection.ids`` (``noise.projection``;
+    ``projection_recovery(ids, input_ids)`` is its nearest-neighbour recovery); None before one."""
 
     def init_noise(self, noise_config: NoiseConfig) -> None:
         """Attach the noise layer and a fresh clock configured by ``noise_config`` (replacing any earlier one)."""
@@ -64,6 +68,7 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         )
         self.noise_clock = NoiseClock()
         self._noise_inputs = NoiseBatchInputs()
+        self.projected_ids = None
 
     @property
     def noise_step(self) -> int:
@@ -91,19 +96,22 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         *,
         padding_mask: torch.Tensor | None = None,
         packed_seq_params: Any = None,
+        private_mask: torch.Tensor | None = None,
     ) -> Iterator[NoiseBatchInputs]:
         """Hand batch inputs to the noise layer for the forwards inside the block; yields them.
 
         Inputs given here replace an enclosing block's; the others are inherited. Megatron's own ``padding_mask`` and
         ``packed_seq_params`` arguments of ``_preprocess`` take precedence over handed-over ones. The yielded
         ``NoiseBatchInputs`` may be filled in inside the block, before the forward (the Bridge forward steps set the
-        loss mask once Bridge has fetched the batch). The enclosing inputs are restored on exit.
+        loss mask once Bridge has fetched the batch). The enclosing inputs are restored on exit. ``private_mask``
+        (``[b, s]``, True inside a private span, CP shard like the loss mask) is what ``tokens='spans'`` noises.
         """
         enclosing = self._noise_inputs
         inputs = NoiseBatchInputs(
             loss_mask=_first_given(loss_mask, enclosing.loss_mask),
             padding_mask=_first_given(padding_mask, enclosing.padding_mask),
             packed_seq_params=_first_given(packed_seq_params, enclosing.packed_seq_params),
+            private_mask=_first_given(private_mask, enclosing.private_mask),
         )
         self._noise_inputs = inputs
         try:
@@ -161,8 +169,15 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
             padding_mask=_first_given(padding_mask, handed.padding_mask),
             input_ids=input_ids,
             packed_seq_params=_first_given(packed_seq_params, handed.packed_seq_params),
+            private_mask=handed.private_mask,
         )
-        noised = self.noise_layer(embedded, batch, self.noise_clock)
+        if self.noise_config.projection == "none":
+            noised = self.noise_layer(embedded, batch, self.noise_clock)
+        else:  # nearest-row projection of the noised tokens (noise/projection.py)
+            noised, selected = self.noise_layer.noise_and_selection(embedded, batch, self.noise_clock)
+            word_embeddings, sequence_parallel = self.embedding.word_embeddings, self.noise_layer.sequence_parallel
+            projection = project_noised(noised, selected, word_embeddings, self.noise_config, sequence_parallel)
+            noised, self.projected_ids = projection.decoder_input, projection.ids
         if self.training:
             self.noise_clock.advance()
         return noised

@@ -23,9 +23,11 @@ NoiseMechanism = Literal[
 ]
 """The rows of ``noise.families.NOISE_FAMILIES``, spelled out for type checkers (a test keeps the two equal)."""
 NoiseScaling = Literal["true_length", "padded_length", "absolute", "embedding_distance"]
-TokenSelection = Literal["all", "prompt", "response"]
+TokenSelection = Literal["all", "prompt", "response", "spans"]
 ScheduleKind = Literal["constant", "linear", "cosine"]
 Calibration = Literal["analytic", "classical"]
+Projection = Literal["none", "nearest_row"]
+ProjectionMetric = Literal["l2", "cosine"]
 
 # Views of the family registry (noise/families.py), kept importable under their names.
 MECHANISMS: tuple[str, ...] = tuple(NOISE_FAMILIES)
@@ -37,9 +39,11 @@ MAGNITUDE_FIELDS: dict[str, str] = {name: family.magnitude_field for name, famil
 """The field that sets each mechanism's noise level (for metric_dp and gaussian_mechanism, larger is less noise)."""
 _NON_NEGATIVE_MAGNITUDES = tuple(f.magnitude_field for f in NOISE_FAMILIES.values() if not f.larger_is_quieter)
 SCALINGS: tuple[str, ...] = ("true_length", "padded_length", "absolute", "embedding_distance")
-TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response")
+TOKEN_SELECTIONS: tuple[str, ...] = ("all", "prompt", "response", "spans")
 SCHEDULES: tuple[str, ...] = ("constant", "linear", "cosine")
 CALIBRATIONS: tuple[str, ...] = ("analytic", "classical")
+PROJECTIONS: tuple[str, ...] = ("none", "nearest_row")
+PROJECTION_METRICS: tuple[str, ...] = ("l2", "cosine")
 _FIELD = "NoiseConfig."
 
 
@@ -69,8 +73,10 @@ class NoiseConfig(ValidatedSettings):
     What each mechanism is (its field, unit noise, scaling, clipping, kernel, attacker model, ledger) is its row of
     ``noise.families.NOISE_FAMILIES``.
 
-    Padding tokens and ``special_token_ids`` are never noised; ``tokens`` selects all tokens, the prompt or the
-    response (tokens whose prediction carries loss). The privacy mechanisms keep a constant schedule.
+    Padding tokens and ``special_token_ids`` are never noised; ``tokens`` selects all tokens, the prompt, the
+    response (tokens whose prediction carries loss) or the marked private spans (``spans``: the batch's
+    ``private_mask``, e.g. from ``data.private_spans``; everything else stays clean). The privacy mechanisms keep a
+    constant schedule.
     """
 
     enabled: bool = True
@@ -105,7 +111,7 @@ class NoiseConfig(ValidatedSettings):
     laplace_scale: float = 0.01
     """laplace: ``b``, the per-coordinate scale of the Laplace noise (standard deviation ``b sqrt(2)``)."""
     tokens: TokenSelection = "all"
-    """Which tokens get noise: ``all``, ``prompt`` or ``response``."""
+    """Which tokens get noise: ``all``, ``prompt``, ``response`` or ``spans`` (the batch's ``private_mask``)."""
     special_token_ids: list[int] = field(default_factory=list)
     """Token ids that are never noised (e.g. BOS, EOS, chat-template markers)."""
     schedule: ScheduleKind = "constant"
@@ -120,6 +126,13 @@ class NoiseConfig(ValidatedSettings):
     """Add noise only while the model is in training mode (``model.train()``); False noises in eval too."""
     seed: int = 1234
     """Philox key of the noise (independent of Megatron's RNG); the same seed gives the same noise at any layout."""
+    projection: Projection = "none"
+    """``nearest_row``: each noised token's embedding is then replaced by the embedding-table row nearest to it
+    (``noise/projection.py``). Post-processing of the noised embedding: any DP guarantee of the mechanism is
+    unchanged. Any mechanism; it does something only while noise is added."""
+    projection_metric: ProjectionMetric = "l2"
+    """What ``nearest_row`` means: ``l2`` (distance to the rows as the mechanism noises them, clipped where it clips)
+    or ``cosine`` (the most similar direction)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -142,6 +155,8 @@ class NoiseConfig(ValidatedSettings):
         check_choice(_FIELD + "tokens", self.tokens, TOKEN_SELECTIONS)
         check_choice(_FIELD + "schedule", self.schedule, SCHEDULES)
         check_choice(_FIELD + "calibration", self.calibration, CALIBRATIONS)
+        check_choice(_FIELD + "projection", self.projection, PROJECTIONS)
+        check_choice(_FIELD + "projection_metric", self.projection_metric, PROJECTION_METRICS)
         for name in ("enabled", "training_only"):
             check_bool(_FIELD + name, getattr(self, name))
         for name in _NON_NEGATIVE_MAGNITUDES:

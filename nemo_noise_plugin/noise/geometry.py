@@ -13,6 +13,8 @@ implementations take ``L`` from the padded tensor, the paper's code uses each se
 module reduces over the context-parallel group. A token at global position ``p`` is a response token when the loss
 mask at ``p - 1`` is set: Megatron's labels are the inputs shifted by one, so the loss at ``p - 1`` is the prediction
 of token ``p``. Under packing (THD with ``cu_seqlens``) positions, lengths and that shift are per packed sequence.
+A token is a private-span token (``tokens='spans'``) when the batch's ``private_mask`` is set at its own position:
+the mask is aligned with the input tokens, not with the labels, so it needs no shift and no gather.
 """
 
 from __future__ import annotations
@@ -129,6 +131,9 @@ class NoiseBatchInputs:
     """``[b, s]`` token ids (context-parallel shard when CP > 1), for ``special_token_ids``."""
     packed_seq_params: Any | None = None
     """Megatron ``PackedSeqParams`` when sequences are packed (THD, ``cu_seqlens``)."""
+    private_mask: torch.Tensor | None = None
+    """``[b, s]`` True inside a marked private span, aligned with ``input_ids`` (context-parallel shard when CP > 1),
+    for ``tokens='spans'``."""
 
     @property
     def packed(self) -> bool:
@@ -153,6 +158,8 @@ class TokenGeometry:
     """``[s, b]`` True for response tokens, or None when not requested."""
     global_length: int
     """Padded global length of a row (the packed row under THD)."""
+    private: torch.Tensor | None = None
+    """``[s, b]`` True for tokens inside a private span, or None when not requested."""
 
 
 def token_geometry(
@@ -164,10 +171,47 @@ def token_geometry(
     *,
     need_lengths: bool,
     need_response: bool,
+    need_private: bool = False,
     device: torch.device,
 ) -> TokenGeometry:
     """Locate the local decoder-input tokens in the global batch and classify them."""
     local_index = cp_local_rows(local_rows, layout, device)
+    cp_local_length = local_rows * layout.sp_size
+    private = _local_private_mask(batch, local_index, cp_local_length) if need_private else None
+    geometry = _token_geometry(local_index, batch_size, batch, layout, cp_group, need_lengths, need_response)
+    geometry.private = private
+    return geometry
+
+
+def _local_private_mask(batch: NoiseBatchInputs, local_index: torch.Tensor, cp_local_length: int) -> torch.Tensor:
+    """``[s, b]`` private-span mask of the local rows: the CP-local ``[b, s]`` mask read at ``rows`` (as the padding
+    mask is), so sequence parallelism's scatter is undone and no communication is needed."""
+    mask = batch.private_mask
+    if mask is None:
+        raise ValueError(
+            "NoiseConfig.tokens='spans' needs the batch's private_mask (True inside a marked private span), and the "
+            "forward call passed none. Give the batch a 'private_mask' key (data.span_dataset builds it from an "
+            "SFT JSONL's 'private_spans'), pass private_mask= to noise_batch_inputs, or set noise.tokens='all'."
+        )
+    if mask.dim() != 2 or mask.size(1) != cp_local_length:
+        raise ValueError(
+            f"private_mask has shape {list(mask.shape)}: expected [b, {cp_local_length}], the batch's (context-"
+            "parallel-local) token shape."
+        )
+    return mask.to(device=local_index.device).bool()[:, local_index].t()
+
+
+def _token_geometry(
+    local_index: torch.Tensor,
+    batch_size: int,
+    batch: NoiseBatchInputs,
+    layout: LocalLayout,
+    cp_group: dist.ProcessGroup | None,
+    need_lengths: bool,
+    need_response: bool,
+) -> TokenGeometry:
+    device = local_index.device
+    local_rows = local_index.numel()
     cp_local_length = local_rows * layout.sp_size
     global_length = cp_local_length * layout.cp_size
     if need_response and batch.loss_mask is None:

@@ -19,6 +19,8 @@ Conventions (``docs/noise.md``, "Inference-time noise"):
 - NEFTune's ``1/sqrt(L d)`` needs the length of the whole sequence: ``noised_inputs_embeds`` takes ``L`` from the
   whole sequences it is given (as training does); the hook, whose sequences grow while tokens are cached, refuses
   ``scaling='true_length'``/``'padded_length'``.
+- ``tokens='spans'`` noises the tokens of a private mask given per call (``private_mask=`` of
+  ``noised_inputs_embeds``, ``EmbeddingNoiseHook.private_mask`` per query), with training's noise for them.
 - ``training_only`` is a training switch and is ignored here: asking for inference noise adds it in eval mode.
 
 Imports torch and the ``noise`` package only; transformers is never imported (the models are duck-typed).
@@ -27,17 +29,18 @@ Imports torch and the ``noise`` package only; transformers is never imported (th
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from nemo_noise_plugin.noise import hf_inputs
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import LocalLayout, NoiseBatchInputs, TokenGeometry
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
+from nemo_noise_plugin.noise.projection import project_noised
 from nemo_noise_plugin.noise.schedule import NoiseClock
 from nemo_noise_plugin.validation import check_int
 
@@ -74,15 +77,19 @@ def _noise_rows(
     response: torch.Tensor | None,
     padded_length: int,
     iteration: int,
+    embedding: torch.nn.Module,
+    private: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[b, s, h]`` embeddings with the noise layer's noise on each row's real tokens (padding left as it is).
 
     Row ``j``'s real tokens (``real``, in order) sit at token positions ``first_position[j] + 0, 1, ...`` of sample
-    ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``).
+    ``j``; their sequence length is their count (``true_length``) or ``padded_length`` (``padded_length``). With
+    ``projection='nearest_row'`` each noised token is then replaced by its nearest row of ``embedding``'s table.
+    ``private`` (``[b, s]``) marks the private-span tokens for ``tokens='spans'``.
     """
     if not config.is_active_configuration:
         return embeds
-    out = embeds.clone()
+    out, noised = embeds.clone(), torch.zeros(real.shape, dtype=torch.bool, device=embeds.device)
     for row in range(embeds.size(0)):
         columns = real[row].nonzero().view(-1)
         count = columns.numel()
@@ -96,11 +103,13 @@ def _noise_rows(
             lengths=torch.full((count, 1), float(count), device=device),
             response=None if response is None else response[row, columns].view(count, 1),
             global_length=padded_length,
+            private=None if private is None else private[row, columns].view(count, 1),
         )
         batch = NoiseBatchInputs(input_ids=input_ids[row, columns].view(1, count))
         clock = NoiseClock(iteration=iteration, microbatch=row)
-        out[row, columns] = _PlacedNoise(config, placed)(embeds[row, columns].unsqueeze(1), batch, clock).squeeze(1)
-    return out
+        placed_noise = _PlacedNoise(config, placed).noise_and_selection(embeds[row, columns].unsqueeze(1), batch, clock)
+        out[row, columns], noised[row, columns] = placed_noise[0].squeeze(1), placed_noise[1].squeeze(1)
+    return out if config.projection == "none" else project_noised(out, noised, embedding, config).decoder_input
 
 
 def noised_inputs_embeds(
@@ -112,6 +121,7 @@ def noised_inputs_embeds(
     loss_mask: torch.Tensor | None = None,
     iteration: int = 0,
     position_offset: int | torch.Tensor = 0,
+    private_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The ``[b, s, h]`` ``inputs_embeds`` training would feed for ``input_ids``: the model's lookup plus the noise.
 
@@ -143,39 +153,30 @@ def noised_inputs_embeds(
         iteration: the noise iteration (the Philox key and the schedule's iteration), an integer in [0, 2**32).
         position_offset: the token position of each row's first real token (an int, or a ``[b]`` integer tensor),
             for tokens that continue a sequence: the result then equals the whole sequence's at those positions.
+        private_mask: ``[b, s]``, True for tokens inside a private span (training's ``private_mask``); needed for
+            ``tokens='spans'``, which noises only those.
 
     Returns:
         ``[b, s, h]`` embeddings in the embedding's dtype, on its device.
     """
-    _check_noise_config(noise_config)
-    embedding = _input_embeddings(model)
-    _check_input_ids(input_ids, embedding)
-    real = _check_mask("attention_mask", attention_mask, input_ids)
-    _check_mask("loss_mask", loss_mask, input_ids)
+    hf_inputs.check_noise_config(noise_config)
+    embedding = hf_inputs.input_embeddings(model)
+    hf_inputs.check_input_ids(input_ids, embedding)
+    real = hf_inputs.check_mask("attention_mask", attention_mask, input_ids)
+    hf_inputs.check_mask("loss_mask", loss_mask, input_ids)
     check_int("iteration", iteration, maximum=_MAX_UINT32)
-    first_position = _first_positions(position_offset, input_ids)
+    first_position = hf_inputs.first_positions(position_offset, input_ids)
     resumes = bool((first_position > 0).any())
     family = noise_family(noise_config.mechanism)
     if resumes and family.length_scaled and noise_config.scaling in _LENGTH_DEPENDENT_SCALINGS:
         raise ValueError(
-            f"position_offset={_shown(position_offset)} is invalid with NoiseConfig.scaling="
+            f"position_offset={hf_inputs.shown(position_offset)} is invalid with NoiseConfig.scaling="
             f"{noise_config.scaling!r}: the NEFTune factor 1/sqrt(L d) needs the whole sequence's length L. "
             "Expected position_offset=0 (pass whole sequences) or scaling='absolute'/'embedding_distance'."
         )
-    response = None
-    if noise_config.tokens != "all":
-        if loss_mask is None:
-            raise ValueError(
-                f"loss_mask=None is invalid with NoiseConfig.tokens={noise_config.tokens!r}: expected the [b, s] "
-                "loss mask that tells prompt from response (or tokens='all')."
-            )
-        if resumes:
-            raise ValueError(
-                f"position_offset={_shown(position_offset)} is invalid with NoiseConfig.tokens="
-                f"{noise_config.tokens!r}: whether the first token is a response token depends on the loss mask "
-                "before it. Expected position_offset=0 (pass whole sequences) or EmbeddingNoiseHook."
-            )
-        response = _response_from_loss_mask(loss_mask.to(real.device), real)
+    response, private = hf_inputs.token_parts(
+        noise_config, real, loss_mask, private_mask, position_offset, resumes=resumes
+    )
     embeds = embedding(input_ids)
     return _noise_rows(
         embeds,
@@ -186,6 +187,8 @@ def noised_inputs_embeds(
         response=None if response is None else response.to(embeds.device),
         padded_length=input_ids.size(1),
         iteration=iteration,
+        embedding=embedding,
+        private=None if private is None else private.to(embeds.device),
     )
 
 
@@ -205,6 +208,7 @@ class _Forward:
     first_position: torch.Tensor
     response: torch.Tensor | None
     iteration: int
+    private: torch.Tensor | None = None
 
 
 class EmbeddingNoiseHook:
@@ -221,7 +225,9 @@ class EmbeddingNoiseHook:
     query: the next iteration (``iteration``, ``iteration + 1``, ...), so each ``generate()`` call or uncached
     forward batch gets fresh noise and the same seed and start reproduce it. ``tokens='prompt'``/``'response'``:
     a query's first forward is its prompt, every token fed after it is response (a training loss mask that carries
-    loss from the prompt's last token on). ``inputs_embeds`` passed by the caller are used as given.
+    loss from the prompt's last token on). ``tokens='spans'``: set ``hook.private_mask`` (``[b, w]``, True inside a
+    private span, over the columns of the whole 2-D sequence, as ``attention_mask``) before each query; columns past
+    its width (generated tokens) are not private. ``inputs_embeds`` passed by the caller are used as given.
 
     Not covered: the NEFTune length scalings (refused: a cached token's noise cannot change as the sequence grows),
     4-D attention masks (static caches), chunked prefill under ``tokens='prompt'``/``'response'``, and beam search,
@@ -243,7 +249,7 @@ class EmbeddingNoiseHook:
     """
 
     def __init__(self, noise_config: NoiseConfig, *, iteration: int = 0) -> None:
-        _check_noise_config(noise_config)
+        hf_inputs.check_noise_config(noise_config)
         check_int("iteration", iteration, maximum=_MAX_UINT32)
         family = noise_family(noise_config.mechanism)
         if family.length_scaled and noise_config.scaling in _LENGTH_DEPENDENT_SCALINGS:
@@ -256,6 +262,8 @@ class EmbeddingNoiseHook:
         self.noise_config = noise_config
         self.next_iteration = iteration
         """The iteration the next query gets."""
+        self.private_mask: torch.Tensor | None = None
+        """``tokens='spans'``: ``[b, w]`` True for the private-span tokens of the queries to come (set per query)."""
         self._query: _Query | None = None
         self._forward: _Forward | None = None
         self._handles: list[Any] = []
@@ -275,7 +283,7 @@ class EmbeddingNoiseHook:
         """Noise ``model``'s input embeddings from now on; returns the hook."""
         if self.attached:
             raise ValueError(f"EmbeddingNoiseHook is already attached to {self._model_name}: detach() it first.")
-        embedding = _input_embeddings(model)
+        embedding = hf_inputs.input_embeddings(model)
         base = getattr(model, "base_model", model)
         if not isinstance(base, torch.nn.Module):
             raise ValueError(
@@ -297,9 +305,9 @@ class EmbeddingNoiseHook:
 
     def _before_forward(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         """Place the tokens of this forward: which are real, the position of each row's first, the query."""
-        named = _named_arguments(module, args, kwargs)
+        named = hf_inputs.named_arguments(module, args, kwargs)
         input_ids = named.get("input_ids")
-        past = _cached_length(named.get("past_key_values"))
+        past = hf_inputs.cached_length(named.get("past_key_values"))
         if past == 0 or self._query is None:
             width = 0 if input_ids is None else input_ids.size(-1)
             self._query = _Query(iteration=self.next_iteration, prompt_width=past + width)
@@ -315,18 +323,19 @@ class EmbeddingNoiseHook:
         else:
             if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or tuple(mask.shape) != (batch, past + width):
                 raise ValueError(
-                    f"attention_mask has shape {_shape(mask)}: EmbeddingNoiseHook expected the 2-D mask of the "
-                    f"whole sequence, [batch, cached + new] = [{batch}, {past} + {width}] (1 real, 0 padding); "
+                    f"attention_mask has shape {hf_inputs.shape_of(mask)}: EmbeddingNoiseHook expected the 2-D mask of "
+                    f"the whole sequence, [batch, cached + new] = [{batch}, {past} + {width}] (1 real, 0 padding); "
                     "static caches' 4-D masks are not supported."
                 )
             mask = mask.bool()
             real = mask[:, past:]
             first_position = mask[:, :past].sum(dim=1).to(device="cpu", dtype=torch.int64)
         response = None
-        if self.noise_config.tokens != "all":
+        if self.noise_config.tokens in ("prompt", "response"):
             columns = past + torch.arange(width, device=input_ids.device)
             response = (columns >= self._query.prompt_width).view(1, -1).expand(batch, width)
-        self._forward = _Forward(real, first_position, response, self._query.iteration)
+        private = hf_inputs.private_columns(self.noise_config, self.private_mask, batch, past, width, input_ids.device)
+        self._forward = _Forward(real, first_position, response, self._query.iteration, private)
 
     def _after_lookup(self, module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
         """The looked-up ``[b, s, h]`` embeddings with this forward's noise."""
@@ -352,6 +361,8 @@ class EmbeddingNoiseHook:
             response=None if placed.response is None else placed.response.to(output.device),
             padded_length=output.size(1),
             iteration=placed.iteration,
+            embedding=module,
+            private=None if placed.private is None else placed.private.to(output.device),
         )
 
 
@@ -378,111 +389,3 @@ def inference_noise(model: Any, noise_config: NoiseConfig, *, iteration: int = 0
         yield hook
     finally:
         hook.detach()
-
-
-def _input_embeddings(model: Any) -> torch.nn.Module:
-    """``model.get_input_embeddings()``, checked to be a module; a ``ValueError`` naming the model otherwise."""
-    getter = getattr(model, "get_input_embeddings", None)
-    if not callable(getter):
-        raise ValueError(
-            f"model={type(model).__name__} is invalid: expected a Hugging Face transformers model with "
-            "get_input_embeddings() (a PreTrainedModel such as LlamaForCausalLM)."
-        )
-    try:
-        embedding = getter()
-    except NotImplementedError:
-        embedding = None
-    if not isinstance(embedding, torch.nn.Module):
-        raise ValueError(
-            f"model={type(model).__name__} is invalid: get_input_embeddings() returned {type(embedding).__name__}, "
-            "expected the torch module that looks input ids up (e.g. nn.Embedding)."
-        )
-    return embedding
-
-
-def _check_noise_config(noise_config: object) -> None:
-    if not isinstance(noise_config, NoiseConfig):
-        raise ValueError(
-            f"noise_config={noise_config!r} is invalid: expected a nemo_noise_plugin NoiseConfig "
-            "(e.g. NoiseConfig(mechanism='gaussian', sigma=1.0, scaling='absolute') or load_noise_config(name))."
-        )
-
-
-def _check_input_ids(input_ids: object, embedding: torch.nn.Module) -> None:
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-        raise ValueError(f"input_ids has shape {_shape(input_ids)}: expected an integer [b, s] tensor of token ids.")
-    vocab = getattr(embedding, "num_embeddings", None)
-    if input_ids.numel() and (int(input_ids.min()) < 0 or (vocab is not None and int(input_ids.max()) >= vocab)):
-        allowed = f"[0, {vocab - 1}]" if vocab is not None else ">= 0"
-        raise ValueError(
-            f"input_ids has values in [{int(input_ids.min())}, {int(input_ids.max())}]: expected ids in {allowed} "
-            "(the input embedding's rows)."
-        )
-
-
-def _check_mask(name: str, mask: object, input_ids: torch.Tensor) -> torch.Tensor:
-    """The mask as a boolean tensor (all True when None), checked to have ``input_ids``'s shape."""
-    if mask is None:
-        return torch.ones(input_ids.shape, dtype=torch.bool, device=input_ids.device)
-    if not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape:
-        raise ValueError(f"{name} has shape {_shape(mask)}: expected input_ids's shape {_shape(input_ids)}.")
-    return mask.bool()
-
-
-def _first_positions(position_offset: object, input_ids: torch.Tensor) -> torch.Tensor:
-    """``[b]`` int64 (CPU) token position of each row's first real token."""
-    batch = input_ids.size(0)
-    if isinstance(position_offset, torch.Tensor):
-        if (
-            position_offset.shape != (batch,)
-            or position_offset.is_floating_point()
-            or bool((position_offset < 0).any())
-        ):
-            raise ValueError(
-                f"position_offset has shape {_shape(position_offset)}: expected an integer >= 0 or a [{batch}] "
-                "integer tensor of them (one per row)."
-            )
-        return position_offset.to(device="cpu", dtype=torch.int64)
-    check_int("position_offset", position_offset)
-    return torch.full((batch,), position_offset, dtype=torch.int64)
-
-
-def _response_from_loss_mask(loss_mask: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``[b, s]`` True for real tokens whose previous real token carries loss (training's prompt/response split)."""
-    response = torch.zeros_like(real)
-    for row in range(real.size(0)):
-        columns = real[row].nonzero().view(-1)
-        carries = loss_mask[row, columns] != 0
-        response[row, columns[1:]] = carries[:-1]
-    return response
-
-
-def _named_arguments(module: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """The forward's arguments by name (positional ones bound to the forward's signature)."""
-    if not args:
-        return kwargs
-    try:
-        return {**inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments}
-    except (TypeError, ValueError):
-        return {"input_ids": args[0], **kwargs}
-
-
-def _cached_length(past_key_values: object) -> int:
-    """Tokens already in the KV cache (0 without one)."""
-    if past_key_values is None:
-        return 0
-    get_seq_length = getattr(past_key_values, "get_seq_length", None)
-    if not callable(get_seq_length):
-        raise ValueError(
-            f"past_key_values of type {type(past_key_values).__name__} is invalid for EmbeddingNoiseHook: expected "
-            "a transformers Cache (with get_seq_length())."
-        )
-    return int(get_seq_length())
-
-
-def _shape(value: object) -> str:
-    return str(list(value.shape)) if isinstance(value, torch.Tensor) else repr(value)
-
-
-def _shown(value: object) -> str:
-    return str(value.tolist()) if isinstance(value, torch.Tensor) else repr(value)

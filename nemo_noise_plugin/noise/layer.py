@@ -78,7 +78,7 @@ class EmbeddingNoise:
         )
 
     def geometry(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, layout: LocalLayout) -> TokenGeometry:
-        """Global positions, real-token mask, lengths and response mask of the local tokens."""
+        """Global positions, real-token mask, lengths and response (or private-span) mask of the local tokens."""
         config = self.config
         return token_geometry(
             decoder_input.size(0),
@@ -87,12 +87,19 @@ class EmbeddingNoise:
             layout,
             self._group("cp"),
             need_lengths=noise_family(config.mechanism).length_scaled and config.scaling == "true_length",
-            need_response=config.tokens != "all",
+            need_response=config.tokens in ("prompt", "response"),
+            need_private=config.tokens == "spans",
             device=decoder_input.device,
         )
 
     def __call__(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, clock: NoiseClock) -> torch.Tensor:
         """Return ``decoder_input`` plus this (iteration, microbatch)'s noise; gradients flow to the input."""
+        return self.noise_and_selection(decoder_input, batch, clock)[0]
+
+    def noise_and_selection(
+        self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, clock: NoiseClock
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The noised ``decoder_input`` (as ``__call__``) and the ``[s, b]`` mask of the tokens that got noise."""
         layout = self.layout()
         geometry = self.geometry(decoder_input, batch, layout)
         selected = selected_tokens(self.config, geometry, batch.input_ids)
@@ -107,6 +114,6 @@ class EmbeddingNoise:
             sample_index=sample_index,
             iteration=clock.iteration,
         )
-        if clock.microbatch == 0 and noised is not decoder_input:  # once per iteration: one reduction
+        if clock.microbatch == 0:  # once per iteration: one reduction
             check_noised_finite(self.config, noised, decoder_input, clock.iteration)
-        return noised
+        return noised, selected

@@ -20,12 +20,15 @@ from nemo_noise_plugin.noise.sampling import add_noise, unit_noise
 
 
 def selected_tokens(config: NoiseConfig, geometry: TokenGeometry, input_ids: torch.Tensor | None) -> torch.Tensor:
-    """``[s, b]`` True for tokens that get noise: real, in the selected part, and not a special token."""
+    """``[s, b]`` True for tokens that get noise: real, in the selected part (prompt, response or private spans),
+    and not a special token."""
     selected = geometry.valid
     if config.tokens == "response":
         selected = selected & geometry.response
     elif config.tokens == "prompt":
         selected = selected & ~geometry.response
+    elif config.tokens == "spans":
+        selected = selected & geometry.private
     if config.special_token_ids:
         if input_ids is None:
             raise ValueError(

@@ -286,8 +286,9 @@ def _coverage(config: NoiseConfig) -> tuple[str, ...]:
     """Which tokens the noise actually covers; a token released without noise has no protection."""
     lines = []
     if config.tokens != "all":
+        part = "private-span" if config.tokens == "spans" else config.tokens
         lines.append(
-            f"Only the {config.tokens} tokens are noised (tokens={config.tokens!r}): the guarantee covers changes to "
+            f"Only the {part} tokens are noised (tokens={config.tokens!r}): the guarantee covers changes to "
             "those tokens; the other tokens' embeddings are released in the clear."
         )
     if config.special_token_ids:
@@ -296,6 +297,11 @@ def _coverage(config: NoiseConfig) -> tuple[str, ...]:
             "clear (they carry no private content only if they are fixed template tokens)."
         )
     lines.append("Padding tokens are never noised; L counts the noised tokens of one sequence.")
+    if config.projection != "none":
+        lines.append(
+            f"projection={config.projection!r} replaces each noised embedding by its nearest table row: "
+            "post-processing of the release, so the guarantee is unchanged."
+        )
     if config.training_only:
         lines.append(
             "Noise is added in training mode only (training_only=true): embeddings computed in evaluation or "

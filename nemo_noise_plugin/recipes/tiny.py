@@ -18,7 +18,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from nemo_noise_plugin.recipes.common import (
-    CUDA_FREE_SETTINGS,
     bf16_settings,
     default_kd,
     default_noise,
@@ -34,10 +33,7 @@ if TYPE_CHECKING:
     from nemo_noise_plugin.noise.config import NoiseConfig
 
 __all__ = [
-    "CUDA_FREE_SETTINGS",  # its home is recipes.common; imported from here by the jobs wing and the benchmarks
     "TINY_MODEL",
-    "local_spec_settings",
-    "recipe_run_dir",
     "small_gpt_config",
     "tiny_noise_distillation_config",
     "tiny_noise_sft_config",

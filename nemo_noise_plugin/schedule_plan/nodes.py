@@ -80,7 +80,10 @@ class NoisePreProcessNode(PreProcessNode):
         if inputs is None:  # a chunk without noise (see PluginSchedulePlanMixin.schedule_plan_noise_inputs)
             return super().forward_impl()
         with self.model.noise_batch_inputs(
-            inputs.loss_mask, padding_mask=inputs.padding_mask, packed_seq_params=inputs.packed_seq_params
+            inputs.loss_mask,
+            padding_mask=inputs.padding_mask,
+            packed_seq_params=inputs.packed_seq_params,
+            private_mask=inputs.private_mask,
         ):
             return super().forward_impl()
 

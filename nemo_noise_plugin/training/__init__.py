@@ -2,6 +2,5 @@
 
 ``forward_step`` (Bridge forward steps for noise and distillation) and ``overrides`` (Hydra overrides and YAML with
 the plugin's settings validated): what a Bridge user passes to Bridge's own ``pretrain``/``finetune``. Running a
-config (the launcher, the CPU loop, the main job) is the jobs wing's (``nemo_noise_plugin.jobs``); ``launch`` here is
-an alias of ``jobs.launch.launcher`` kept for the import path the docs once gave.
+config (the launcher, the CPU loop, the main job) is the jobs wing's (``nemo_noise_plugin.jobs``).
 """

@@ -6,7 +6,8 @@ timers) and add what the plugin needs around it:
 - the noise clock follows Bridge's ``train_state.step`` (restored on resume), so the noise of an iteration does
   not depend on restarts;
 - the noise layer sees the batch's loss mask, which Bridge fetches only on the last pipeline stage and does not pass
-  to the model, so ``true_length`` scaling and prompt/response selection work on the first stage too;
+  to the model, so ``true_length`` scaling and prompt/response selection work on the first stage too, and the
+  batch's ``private_mask`` when it has one (``tokens='spans'``, ``data.span_dataset``), CP-sliced like the tokens;
 - ``distillation_forward_step`` runs the clean teacher under ``no_grad`` on the same batch, once per microbatch,
   outside the student's autograd graph, and returns the combined CE + KD loss with its parts for logging. The
   teacher's logits live only in the loss function's closure, freed when the schedule drops it after the loss.
@@ -76,8 +77,10 @@ class _CapturingBatch:
         if self.noise_inputs is not None:  # read by the noisy forward that follows
             loss_mask = self.loss_mask
             if loss_mask is None and recorder.raw is not None and recorder.raw.get("loss_mask") is not None:
-                loss_mask = _loss_mask_on_this_cp_rank(recorder.raw, pg_collection)
+                loss_mask = _on_this_cp_rank(recorder.raw, "loss_mask", pg_collection)
             self.noise_inputs.loss_mask = loss_mask
+            if recorder.raw is not None and recorder.raw.get("private_mask") is not None:  # tokens='spans'
+                self.noise_inputs.private_mask = _on_this_cp_rank(recorder.raw, "private_mask", pg_collection)
         if self.strip_labels:  # the model then returns logits, which the distillation loss needs
             return (self.tokens, None, *batch[2:])
         return batch
@@ -95,20 +98,19 @@ class _RecordingIterator(Iterator):
         return self.raw if not isinstance(self.raw, dict) else dict(self.raw)
 
 
-def _loss_mask_on_this_cp_rank(raw: dict[str, Any], pg_collection: Any) -> torch.Tensor:
-    """The loss mask sliced for this context-parallel rank as Bridge slices the tokens (first stage under PP)."""
+def _on_this_cp_rank(raw: dict[str, Any], key: str, pg_collection: Any) -> torch.Tensor:
+    """A ``[b, s]`` batch entry (loss mask, private mask) sliced for this context-parallel rank as Bridge slices the
+    tokens (zig-zag, or per packed sequence), on the device the tokens go to."""
     from megatron.core.utils import get_batch_on_this_cp_rank
 
     gpt_step = import_bridge("megatron.bridge.training.gpt_step")
     device = torch.cuda.current_device() if torch.cuda.is_available() else "cpu"
-    batch = {key: raw.get(key) for key in ("loss_mask", "cu_seqlens_q", "cu_seqlens_q_padded", "cu_seqlens")}
-    batch["loss_mask"] = batch["loss_mask"].to(device)
-    batch = {key: value for key, value in batch.items() if value is not None}
+    batch = {name: raw.get(name) for name in (key, "cu_seqlens_q", "cu_seqlens_q_padded", "cu_seqlens")}
+    batch[key] = batch[key].to(device)
+    batch = {name: value for name, value in batch.items() if value is not None}
     if gpt_step._has_packed_sequence_metadata(batch) and pg_collection.cp.size() > 1:
-        return gpt_step._partition_packed_batch_for_cp(batch, pg_collection.cp)["loss_mask"]
-    return get_batch_on_this_cp_rank({"loss_mask": batch["loss_mask"]}, is_hybrid_cp=False, cp_group=pg_collection.cp)[
-        "loss_mask"
-    ]
+        return gpt_step._partition_packed_batch_for_cp(batch, pg_collection.cp)[key]
+    return get_batch_on_this_cp_rank({key: batch[key]}, is_hybrid_cp=False, cp_group=pg_collection.cp)[key]
 
 
 def noise_forward_step(

@@ -7,30 +7,38 @@ dropped with a log warning. ``apply_overrides`` runs the same Bridge machinery, 
 ``NoiseConfig``/``KDConfig`` from its overridden fields and checks every key, raising ``ConfigOverrideError`` that
 names the full key (``model.noise.alpha=-1 is invalid: ...``) before the config is changed or any GPU memory is
 touched. ``load_config_yaml`` reloads a ``ConfigContainer.to_yaml`` file (e.g. a checkpoint's ``run_config.yaml``)
-that names the plugin's classes. The command line and users' launch scripts call both. YAML files are read by the
+that names the plugin's classes; a ``_target_`` of a class that moved is read at its new path (``MOVED_TARGETS``).
+The command line and users' launch scripts call both. YAML files are read by the
 plugin's rules (``yaml_files``: ``lr: 1e-3`` is 0.001, a repeated key or an empty file is an error naming the file).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import re
 import types
 import typing
 from typing import Any
 
 from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.training.override_messages import (
+    explain_hydra_error,
+    join_key,
+    name_key,
+    touching,
+    unknown_key,
+)
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.validation import is_finite_number
 from nemo_noise_plugin.yaml_files import YAMLInputError, load_yaml_file
 
 __all__ = [
     "VALIDATED_CONFIG_TYPES",
+    "MOVED_TARGETS",
     "ConfigOverrideError",
     "apply_overrides",
+    "current_targets",
     "load_config_yaml",
     "validate_plugin_settings",
 ]
@@ -38,12 +46,16 @@ __all__ = [
 VALIDATED_CONFIG_TYPES: tuple[type, ...] = (NoiseConfig, KDConfig)
 """Dataclasses that ``apply_overrides`` rebuilds from their overridden fields, so their ``__post_init__`` runs."""
 
+MOVED_TARGETS: dict[str, str] = {
+    "nemo_noise_plugin.distillation.kd_config.KDConfig": "nemo_noise_plugin.distillation.config.KDConfig",
+}
+"""Old ``_target_`` -> the class's path now, for run YAML written before a class moved (``--config-file``,
+``load_config_yaml``); no module stays at an old path."""
+
 _INSTANTIATION_KEYS = frozenset({"_target_", "_call_", "_args_", "_partial_", "_recursive_", "_convert_"})
 _FLOAT_TYPES = frozenset({"float", "float | None", float, float | None})
-_FIELD_LIST_LIMIT = 20
 _LARGEST_FLOAT_INT = int(1.7976931348623157e308)
 """Ints up to this convert to float without overflow; a larger one is left to the config's check, which names it."""
-_MESSAGE_KEY = re.compile(r"^(?P<owner>\w+)(?:\.|: )(?P<field>\w+)=")
 
 
 class ConfigOverrideError(ValueError):
@@ -79,7 +91,7 @@ def apply_overrides(config: Any, overrides: list[str], *, config_filepath: str |
         try:
             omega = omegaconf_utils.parse_hydra_overrides(omega, overrides)
         except omegaconf_utils.OverridesError as error:
-            raise ConfigOverrideError(_explain_hydra_error(config, str(error), overrides)) from error
+            raise ConfigOverrideError(explain_hydra_error(config, str(error), overrides)) from error
     after = OmegaConf.to_container(omega, resolve=True)
 
     plan = _Plan(overrides)
@@ -110,13 +122,13 @@ def validate_plugin_settings(config: Any) -> None:
             try:
                 current.validate()
             except (TypeError, ValueError) as error:
-                raise ConfigOverrideError(_name_key(str(error), {type(current).__name__: f"model.{name}"})[0]) from None
+                raise ConfigOverrideError(name_key(str(error), {type(current).__name__: f"model.{name}"})[0]) from None
     if isinstance(model, NoisyDistillationProvider):
         try:
             model.validate_distillation()
         except (TypeError, ValueError) as error:
             names = {"KDConfig": "model.kd", "NoiseConfig": "model.noise", type(model).__name__: "model"}
-            raise ConfigOverrideError(_name_key(str(error), names)[0]) from None
+            raise ConfigOverrideError(name_key(str(error), names)[0]) from None
     train_iters = getattr(getattr(config, "train", None), "train_iters", None)
     counts = isinstance(train_iters, int) and not isinstance(train_iters, bool)
     if train_iters is not None and not (counts and train_iters >= 1):
@@ -142,7 +154,19 @@ def _config_file_values(config: Any, path: str | os.PathLike[str]) -> dict:
         loaded = load_yaml_file(name, what="a mapping of config fields (e.g. model: {noise: {alpha: 10}})")
     except (YAMLInputError, OSError) as error:
         raise ConfigOverrideError(f"config file {error}") from error
-    return _file_fields(config, loaded, "")
+    return _file_fields(config, current_targets(loaded), "")
+
+
+def current_targets(values: Any) -> Any:
+    """``values`` with every ``_target_`` of ``MOVED_TARGETS`` renamed to the class's path now (a new mapping)."""
+    if isinstance(values, dict):
+        return {
+            key: MOVED_TARGETS.get(item, item) if key == "_target_" else current_targets(item)
+            for key, item in values.items()
+        }
+    if isinstance(values, list):
+        return [current_targets(item) for item in values]
+    return values
 
 
 def _file_fields(owner: Any, values: dict, path: str) -> dict:
@@ -151,8 +175,8 @@ def _file_fields(owner: Any, values: dict, path: str) -> dict:
         if key in _INSTANTIATION_KEYS:
             continue
         if not isinstance(key, str):
-            raise ConfigOverrideError(f"{_join(path, str(key))}: config keys must be field names, got {key!r}.")
-        key_path = _join(path, key)
+            raise ConfigOverrideError(f"{join_key(path, str(key))}: config keys must be field names, got {key!r}.")
+        key_path = join_key(path, key)
         current = getattr(owner, key, None) if dataclasses.is_dataclass(owner) else None
         if isinstance(value, dict) and "_target_" in value:
             if dataclasses.is_dataclass(current):
@@ -195,6 +219,7 @@ def load_config_yaml(path: str | os.PathLike[str]):
     import nemo_noise_plugin.providers  # noqa: F401  (adds "nemo_noise_plugin." to Bridge's allowlist)
 
     values = load_yaml_file(path, what="a ConfigContainer mapping, as ConfigContainer.to_yaml writes it")
+    values = current_targets(values)
     container = import_bridge("megatron.bridge.training.config").ConfigContainer
     return container.from_dict(OmegaConf.to_container(OmegaConf.create(values), resolve=True))
 
@@ -213,16 +238,16 @@ class _Plan:
         fields = {f.name: f for f in dataclasses.fields(obj)}
         for key in after:
             if key not in _INSTANTIATION_KEYS and key not in fields and not hasattr(obj, key):
-                raise ConfigOverrideError(_unknown_key(obj, _join(path, key), self.overrides))
+                raise ConfigOverrideError(unknown_key(obj, join_key(path, key), self.overrides))
         before = before if isinstance(before, dict) else {}
         for name in before:
             if name in fields and name not in after:
-                self.resets.append((obj, name, self._default(obj, fields[name], _join(path, name))))
+                self.resets.append((obj, name, self._default(obj, fields[name], join_key(path, name))))
         for name, value in after.items():
             if name not in fields:
                 continue
             current = getattr(obj, name)
-            key = _join(path, name)
+            key = join_key(path, name)
             if isinstance(current, VALIDATED_CONFIG_TYPES):
                 # Untouched by the file and the overrides: the config stays as it is (checked once, at the next gate,
                 # only if it changed since its last check); otherwise rebuilt from its new fields, which checks them.
@@ -236,7 +261,7 @@ class _Plan:
                 _check_scalar_type(type(obj), name, value, key, self.overrides)
 
     def _rebuild(self, config_type: type, value: Any, key: str) -> Any:
-        touched = _touching(key, self.overrides)
+        touched = touching(key, self.overrides)
         if not isinstance(value, dict):
             raise ConfigOverrideError(
                 f"{key}={value!r} is invalid: expected a mapping of {config_type.__name__} fields; override single "
@@ -246,7 +271,7 @@ class _Plan:
         fields = {f.name: f for f in dataclasses.fields(config_type)}
         for name in values:
             if name not in fields:
-                raise ConfigOverrideError(_unknown_key(config_type, _join(key, name), self.overrides))
+                raise ConfigOverrideError(unknown_key(config_type, join_key(key, name), self.overrides))
         floats = {  # ints given for float fields become floats before the check, so it runs once on final values
             name: float(item)
             for name, item in values.items()
@@ -259,7 +284,7 @@ class _Plan:
             return config_type(**{**values, **floats})
         except (TypeError, ValueError) as error:
             written = _error_as_written(config_type, values) or error  # alpha=-1, not alpha=-1.0
-            message, _ = _name_key(str(written), {config_type.__name__: key})
+            message, _ = name_key(str(written), {config_type.__name__: key})
             raise ConfigOverrideError(message + touched) from written
 
     def _default(self, obj: Any, field: dataclasses.Field, key: str) -> Any:
@@ -305,7 +330,7 @@ def _check_scalar_type(owner: type, name: str, value: Any, key: str, overrides: 
     )
     if not fits:
         expected = " or ".join(_SCALAR_NAMES[kind] for kind in scalars)
-        raise ConfigOverrideError(f"{key}={value!r} is invalid: expected {expected}.{_touching(key, overrides)}")
+        raise ConfigOverrideError(f"{key}={value!r} is invalid: expected {expected}.{touching(key, overrides)}")
 
 
 def _validate_distillation(config: Any, after: dict, plan: _Plan) -> None:
@@ -321,8 +346,8 @@ def _validate_distillation(config: Any, after: dict, plan: _Plan) -> None:
         type(model).validate_distillation(_Overlay(model, values))
     except (TypeError, ValueError) as error:
         names = {"KDConfig": "model.kd", "NoiseConfig": "model.noise", type(model).__name__: "model"}
-        message, key = _name_key(str(error), names)
-        raise ConfigOverrideError(message + _touching(key, plan.overrides)) from error
+        message, key = name_key(str(error), names)
+        raise ConfigOverrideError(message + touching(key, plan.overrides)) from error
 
 
 class _Overlay:
@@ -333,80 +358,3 @@ class _Overlay:
 
     def __getattr__(self, name: str) -> Any:
         return self._values[name] if name in self._values else getattr(self._base, name)
-
-
-def _explain_hydra_error(config: Any, message: str, overrides: list[str]) -> str:
-    """Hydra's complaints about a key restated in terms of the config: which class lacks the field, or why."""
-    match = re.search(r"Could not (override|delete from config\.) '([^']+)'", message)
-    if not match:
-        return _unreadable_override(message, overrides)
-    key = match.group(2)
-    owner = config
-    for part in key.split(".")[:-1]:
-        owner = getattr(owner, part, None)
-    name = key.rpartition(".")[2]
-    if not dataclasses.is_dataclass(owner):
-        return message
-    if not hasattr(owner, name):
-        return _unknown_key(owner, key, overrides)
-    if match.group(1) != "override" and getattr(owner, name) is None:
-        return f"~{key} is invalid: its value is already null, and Hydra cannot delete a null key." + _touching(
-            key, overrides
-        )
-    return message
-
-
-def _unreadable_override(message: str, overrides: list[str]) -> str:
-    """Hydra's grammar or merge failure restated in one line naming the override and what a value may be."""
-    said = " ".join(message.split())
-    culprit = next((item for item in overrides if item in message), None)
-    if culprit is None:
-        return said
-    grammar = "LexerNoViableAltException" in message or "mismatched input" in message or "no viable" in message
-    why = "Hydra's override grammar cannot read it" if grammar else "Hydra cannot merge its value into the field"
-    return (
-        f"{culprit} is invalid: {why}; expected key=value with a number, true/false, null, a [list] or a string "
-        f"(quote one with spaces or other characters: key='a b'). Hydra said: {said}"
-    )
-
-
-def _unknown_key(owner: Any, key: str, overrides: list[str]) -> str:
-    owner_type = owner if isinstance(owner, type) else type(owner)
-    names = [f.name for f in dataclasses.fields(owner_type) if not f.name.startswith("_")]
-    parent, _, name = key.rpartition(".")
-    message = f"{key} is not a field of {owner_type.__name__}"
-    close = difflib.get_close_matches(name, names, n=3)
-    if close:
-        message += f"; did you mean {' or '.join(_join(parent, match) for match in close)}?"
-    elif len(names) <= _FIELD_LIST_LIMIT:
-        message += f"; fields: {', '.join(names)}."
-    else:
-        message += "."
-    return message + _touching(key, overrides)
-
-
-def _touching(key: str, overrides: list[str]) -> str:
-    """`` (from a=1, a.b=2)``: the overrides that set ``key`` or a key under it (empty when none did)."""
-    mine = [item for item in overrides if _override_key(item) == key or _override_key(item).startswith(key + ".")]
-    return f" (from {', '.join(mine)})" if mine else ""
-
-
-def _name_key(message: str, owners: dict[str, str]) -> tuple[str, str]:
-    """``NoiseConfig.alpha=-1 is invalid: ...`` -> ``model.noise.alpha=-1 is invalid: ...``, and the key it names.
-
-    ``owners`` maps the class names that messages start with to their key paths in the config.
-    """
-    match = _MESSAGE_KEY.match(message)
-    if match and match.group("owner") in owners:
-        key = _join(owners[match.group("owner")], match.group("field"))
-        return f"{key}={message[match.end() :]}", key
-    owner = next((path for name, path in owners.items() if message.startswith(name)), "")
-    return (f"{owner}: {message}" if owner else message), owner
-
-
-def _override_key(override: str) -> str:
-    return override.lstrip("+~").partition("=")[0].strip()
-
-
-def _join(path: str, name: str) -> str:
-    return f"{path}.{name}" if path else name

@@ -123,4 +123,11 @@ PRIVATE_UPSTREAM_NAMES: tuple[PrivateUpstreamName, ...] = (
         "nemo_noise_plugin.cli.nemo_llm",
         "NeMo-Run's own test for running under torchrun, so the nemo command behaves as NeMo-Run's commands do",
     ),
+    PrivateUpstreamName(
+        "megatron.bridge.data.utils:_REGISTRY",
+        "nemo_noise_plugin.data.span_dataset",
+        "Bridge's dataset-config -> provider table (first isinstance match wins); PrivateSpanSFTDatasetConfig, a "
+        "GPTSFTDatasetConfig subclass, is put in front of its base so Bridge's loop builds the private-span datasets "
+        "(get_dataset_provider offers no registration call)",
+    ),
 )

@@ -70,7 +70,7 @@ def _train_modelopt(kd_weight: float | None) -> tuple[list[float], list[float], 
     """The benchmark's ModelOpt mode on a tiny GPT: each step's lm loss, grad norm and logits KL per token."""
     from megatron.core.process_groups_config import ProcessGroupCollection
 
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.recipes.common import local_spec_settings
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     gpt_step = import_bridge("megatron.bridge.training.gpt_step")

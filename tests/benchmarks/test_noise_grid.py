@@ -93,7 +93,7 @@ def test_rouge_l_copies_and_repetition():
 
 
 def test_greedy_answers_match_one_prompt_at_a_time_decoding(bridge_state):
-    from nemo_noise_plugin.jobs.reports.task_report import task_batches
+    from nemo_noise_plugin.jobs.reports.task_metric import task_batches
     from tests.support.generation import greedy_decode
 
     state, model = bridge_state
@@ -141,7 +141,7 @@ def test_noise_at_inference_leaves_template_and_special_tokens_clean(bridge_stat
     monkeypatch.setattr(noise_grid, "ATTACK_CHATS", 6)
     state, model = bridge_state
     from nemo_noise_plugin.jobs.batches import recipe_tokenizer
-    from nemo_noise_plugin.jobs.reports.task_report import task_batches
+    from nemo_noise_plugin.jobs.reports.task_metric import task_batches
 
     eos = noise_grid._eos_id(state)
     special = noise_grid._special_ids(recipe_tokenizer(state))

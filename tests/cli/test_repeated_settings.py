@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from nemo_noise_plugin.cli.finetune import main as finetune_main
-from nemo_noise_plugin.cli.nemo_noise import parse_key_values
 from nemo_noise_plugin.jobs.launch.finetune import run_finetune
 from nemo_noise_plugin.validation import SettingError
+from nemo_noise_plugin.yaml_files import parse_key_values
 
 
 def test_an_override_given_twice_is_refused_naming_both_values():

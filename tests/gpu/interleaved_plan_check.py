@@ -49,7 +49,7 @@ def main() -> int:
     from nemo_noise_plugin.distillation.teacher_weights import attached_teacher
     from nemo_noise_plugin.model import NoiseInjectionMixin
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.recipes.common import local_spec_settings
     from nemo_noise_plugin.training.forward_step import distillation_forward_step, noise_forward_step
     from tests.support.schedule_plan import (
         bridge_state,

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from nemo_noise_plugin.jobs.reports.robustness import HELD_OUT_BATCHES, paired_difference
+from nemo_noise_plugin.jobs.reports.robustness import HELD_OUT_BATCHES
+from nemo_noise_plugin.jobs.reports.robustness_statistics import paired_difference
 
 
 def _run_demo(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
-from nemo_noise_plugin.jobs.reports.audit_targets import PrivacyAuditCallback
+from nemo_noise_plugin.jobs.reports.audit_callback import PrivacyAuditCallback
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
 from nemo_noise_plugin.training.forward_step import noise_forward_step

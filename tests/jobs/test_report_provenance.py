@@ -153,7 +153,7 @@ def test_the_task_report_json_holds_the_same_provenance(bridge_state, tmp_path):
 
 
 def test_the_audit_report_provenance_holds_its_settings_version_and_data_hash(tmp_path):
-    from nemo_noise_plugin.jobs.reports.audit_targets import audit_provenance
+    from nemo_noise_plugin.jobs.audit.report import audit_provenance
 
     data = tmp_path / "chats.jsonl"
     data.write_text('{"text": "hello"}\n')
@@ -278,7 +278,7 @@ def test_the_main_job_offers_keep_last_in_its_help(capsys):
 
 @pytest.mark.parametrize("bridge_state", [None], indirect=True, ids=["unpacked"])
 def test_each_line_of_the_audit_callback_holds_the_provenance_without_the_config(bridge_state, tmp_path):
-    from nemo_noise_plugin.jobs.reports.audit_targets import PrivacyAuditCallback
+    from nemo_noise_plugin.jobs.reports.audit_callback import PrivacyAuditCallback
     from nemo_noise_plugin.jobs.reports.provenance import compact_provenance
 
     state, model = bridge_state
@@ -294,7 +294,7 @@ def test_each_line_of_the_audit_callback_holds_the_provenance_without_the_config
 def test_the_audit_callback_a_recipe_names_carries_the_recipe_in_its_provenance(bridge_state, tmp_path):
     """``report_callbacks`` builds the privacy audit like the other reports: the run report's recipe reaches it."""
     from nemo_noise_plugin.jobs.reports.artifacts import RunReport
-    from nemo_noise_plugin.jobs.reports.audit_targets import PrivacyAuditCallback
+    from nemo_noise_plugin.jobs.reports.audit_callback import PrivacyAuditCallback
     from nemo_noise_plugin.jobs.reports.callbacks import report_callbacks
     from nemo_noise_plugin.jobs.reports.provenance import compact_provenance
 

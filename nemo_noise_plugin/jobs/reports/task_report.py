@@ -1,18 +1,13 @@
-"""The task metric of the instruction recipes, and the trained model exported to Hugging Face and generated from.
+"""The task report of the instruction recipes: exact match before and after training, the export, the frontier.
 
-Exact match on the held-out splits (``TASK_REPORT_SPLITS``: validation and test, overall and per task) with greedy
-decoding: an answer counts when greedy decoding from the prompt
-reproduces the reference answer's tokens and then stops (the end-of-turn token). Greedy decoding yields exactly
-that sequence iff, fed the reference, the model's argmax at every answer position is the next reference token, so
-one teacher-forced forward pass per batch computes it exactly (the tests check it against the plain greedy loop,
-``tests/support/generation.py``). ``TaskReport`` is a Megatron-Bridge callback: exact match before and after training
-(on the datasets and tokenizer as Bridge's loop has them: ``jobs.batches.recipe_datasets``), then the model exported
-with Bridge's ``AutoBridge.save_hf_pretrained``, reloaded with transformers, checked against Megatron's logits
-(``hf_logit_agreement``) and asked the first held-out questions; written as ``task_report.{json,png}`` and ``hf/``
-into the run's report folder. With noise on, the report also states the run's frontier point (``frontier_point``):
-held-out exact match with the run's own noise on the model's inputs at inference, the token recovery of the privacy
-audit on the trained embedding table over noised held-out tokens, and the ledger's epsilon; and it records the run's
-noise config (``run`` in ``task_report.json``), which ``nemo noise audit run=<run folder>`` reads back.
+``TaskReport`` is a Megatron-Bridge callback: held-out exact match (``task_metric``) before and after training (on
+the datasets and tokenizer as Bridge's loop has them: ``jobs.batches.recipe_datasets``), then the model exported to
+Hugging Face, reloaded with transformers, checked against Megatron's logits and asked the first held-out questions
+(``hf_export``); written as ``task_report.{json,png}`` and ``hf/`` into the run's report folder. With noise on, the
+report also states the run's frontier point (``task_frontier.frontier_point``): held-out exact match with the run's
+own noise on the model's inputs at inference, the token recovery of the privacy audit on the trained embedding
+table over noised held-out tokens, and the ledger's epsilon; and it records the run's noise config (``run`` in
+``task_report.json``, ``run_settings``), which ``nemo noise audit run=<run folder>`` reads back.
 """
 
 from __future__ import annotations
@@ -24,168 +19,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, recipe_tokenizer
-from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
+from nemo_noise_plugin.jobs.batches import recipe_tokenizer
 from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+from nemo_noise_plugin.jobs.reports.hf_export import export_hf, hf_generate, hf_logit_agreement
 from nemo_noise_plugin.jobs.reports.provenance import describe_report, run_title
+from nemo_noise_plugin.jobs.reports.task_frontier import (
+    FRONTIER_ATTACKS,
+    FRONTIER_TOKENS,
+    format_frontier,
+    frontier_point,
+)
+from nemo_noise_plugin.jobs.reports.task_metric import TASK_REPORT_SPLITS, exact_match, task_batches
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
-__all__ = [
-    "FRONTIER_ATTACKS",
-    "FRONTIER_TOKENS",
-    "TASK_REPORT_SPLITS",
-    "TaskReport",
-    "answer_positions",
-    "exact_match",
-    "export_hf",
-    "frontier_point",
-    "hf_generate",
-    "hf_logit_agreement",
-    "input_embedding_table",
-    "noise_level",
-    "run_settings",
-]
-
-
-def answer_positions(labels: torch.Tensor, loss_mask: torch.Tensor, eos_id: int) -> list[torch.Tensor]:
-    """Per row: the positions whose labels are the answer, up to and including the first ``eos_id`` label."""
-    rows = []
-    for row_labels, row_mask in zip(labels, loss_mask, strict=True):
-        positions = row_mask.nonzero().flatten()
-        ends = (row_labels[positions] == eos_id).nonzero().flatten()
-        rows.append(positions[: int(ends[0]) + 1] if len(ends) else positions)
-    return rows
-
-
-def exact_match(
-    model: nn.Module, batches: Sequence[dict[str, Any]], eos_id: int, *, noise_inputs: bool = False
-) -> tuple[float, dict[str, float], list[bool]]:
-    """Greedy exact match of ``model`` on ``batches`` (Bridge SFT batches): overall, per task, and per example.
-
-    ``noise_inputs``: ``model`` is a noisy model noising in eval mode (``make_noisy`` with ``training_only=False``);
-    batch ``i`` is its noise's iteration ``i`` and hands its loss mask to the noise layer, as training does.
-    """
-    hits: list[bool] = []
-    tasks: list[str] = []
-    with torch.no_grad():
-        for index, batch in enumerate(batches):
-            if noise_inputs:
-                model.noise_clock.start_iteration(index)
-                with model.noise_batch_inputs(batch["loss_mask"]):
-                    logits = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
-            else:
-                logits = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
-            predicted = logits.argmax(-1)
-            for row, positions in enumerate(answer_positions(batch["labels"], batch["loss_mask"], eos_id)):
-                hits.append(bool(torch.equal(predicted[row, positions], batch["labels"][row, positions])))
-                tasks.append((batch.get("metadata") or [{}] * len(predicted))[row].get("task", "all"))
-    per_task = {
-        task: sum(h for h, t in zip(hits, tasks, strict=True) if t == task) / tasks.count(task)
-        for task in sorted(set(tasks))
-    }
-    return sum(hits) / len(hits), per_task, hits
-
-
-def export_hf(model: nn.Module, hf_source: str, output_dir: str) -> str:
-    """Write ``model`` (a Megatron chunk of the ``hf_source`` architecture) as an HF folder with Bridge's exporter."""
-    auto_bridge = import_bridge("megatron.bridge").AutoBridge
-    bridge = auto_bridge.from_hf_pretrained(hf_source)
-    bridge.save_hf_pretrained([model], output_dir)
-    return output_dir
-
-
-def hf_generate(folder: str, questions: Sequence[list[dict[str, str]]], max_new_tokens: int = 64) -> list[str]:
-    """Reload an HF folder with transformers and answer each chat (greedy), returning the decoded replies."""
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    replies = []
-    for messages in questions:
-        inputs = tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        with torch.no_grad():
-            output = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        replies.append(tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True))
-    return replies
-
-
-TASK_REPORT_SPLITS = ("validation", "test")
-"""The held-out splits the task report scores: ``validation`` (Bridge's evaluation split) and ``test`` (never used
-in training or model selection; absent when the dataset has no ``test.jsonl``)."""
-
-
-def task_batches(state: Any, device: Any, held_out: int | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Batches of every ``TASK_REPORT_SPLITS`` split the run's dataset has, one example per row, whole batches only
-    (of the first ``held_out`` examples of each split when given).
-
-    Built from Bridge's dataset provider and tokenizer as the run has them (``recipe_datasets``, unpacked); the CPU
-    gets an explicit causal mask, a GPU none (the attention's own causal mask).
-    """
-    _, valid, test = recipe_datasets(state, test=True, unpacked=True)
-    size = state.cfg.train.micro_batch_size
-    mask = causal_attention_mask(state.cfg.model.seq_length) if torch.device(device).type == "cpu" else None
-    found = dict(zip(TASK_REPORT_SPLITS, (valid, test), strict=True))
-    counts = {split: len(data) if held_out is None else min(len(data), held_out) for split, data in found.items()}
-    return {split: collate(data, counts[split] // size, size, mask, device) for split, data in found.items() if data}
-
-
-def hf_logit_agreement(model: nn.Module, folder: str, batches: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """How closely the HF folder, reloaded with transformers, reproduces ``model``'s logits on ``batches``.
-
-    The HF model runs in the dtype of ``model``'s parameters (bf16 on a GPU: both sides then round alike) on the same
-    device; compared at every position of every row (both causal, so right padding changes no earlier position).
-    Returns the largest and the mean absolute logit difference and the fraction of positions whose argmax agrees.
-    """
-    import transformers
-
-    parameter = next(model.parameters())
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=parameter.dtype)
-    hf_model = hf_model.to(parameter.device).eval()
-    largest = total = agree = count = 0.0
-    was_training = model.training
-    model.eval()
-    with torch.no_grad():
-        for batch in batches:
-            ours = model(batch["tokens"], batch["position_ids"], batch["attention_mask"]).float()
-            theirs = hf_model(input_ids=batch["tokens"]).logits.float()
-            difference = (ours - theirs).abs()
-            largest = max(largest, float(difference.max()))
-            total += float(difference.mean(-1).sum())
-            agree += float((ours.argmax(-1) == theirs.argmax(-1)).sum())
-            count += ours.shape[0] * ours.shape[1]
-    model.train(was_training)
-    del hf_model
-    return {
-        "max_abs_logit_difference": largest,
-        "mean_abs_logit_difference": total / count,
-        "argmax_agreement": agree / count,
-        "dtype": str(parameter.dtype).removeprefix("torch."),
-    }
-
-
-FRONTIER_TOKENS = 256
-"""Held-out tokens (at least; whole rows) the task report's frontier point audits: cheap beside the exact match."""
-FRONTIER_ATTACKS: tuple[str, ...] = ("nn_l2", "nn_cosine", "lm_beam")
-"""The frontier point's attacks; ``lm_beam`` has the trained model itself (noise off) as its language-model prior."""
-
-
-def input_embedding_table(model: nn.Module) -> torch.Tensor:
-    """The whole ``[V, h]`` input embedding table of a model chunk (vocabulary-parallel shards all-gathered)."""
-    from megatron.core import parallel_state
-
-    shard = model.embedding.word_embeddings.weight.detach().float()
-    if not parallel_state.model_parallel_is_initialized():
-        return shard
-    group = parallel_state.get_tensor_model_parallel_group()
-    if torch.distributed.get_world_size(group) == 1:
-        return shard
-    parts = [torch.empty_like(shard) for _ in range(torch.distributed.get_world_size(group))]
-    torch.distributed.all_gather(parts, shard.contiguous(), group=group)
-    return torch.cat(parts)
+__all__ = ["TaskReport", "run_settings"]
 
 
 def run_settings(state: Any) -> dict[str, Any]:
@@ -209,134 +57,6 @@ def run_settings(state: Any) -> dict[str, Any]:
         "training_examples": examples,
         "epochs": max(1, math.ceil(samples / examples)) if examples else None,
     }
-
-
-def _held_out_tokens(batches: Sequence[dict[str, Any]], tokens: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Whole rows of ``batches`` (right-padded with ``pad_id`` to one width) until they hold ``tokens`` real tokens
-    (a row's real tokens end at its last loss-carrying position, as the noise layer counts them); ids, loss mask."""
-    rows: list[torch.Tensor] = []
-    masks: list[torch.Tensor] = []
-    total = 0
-    for batch in batches:
-        for ids, mask in zip(batch["tokens"], batch["loss_mask"], strict=True):
-            carrying = mask.nonzero()
-            total += int(carrying.max()) + 1 if len(carrying) else mask.numel()
-            rows.append(ids)
-            masks.append(mask)
-            if total >= tokens:
-                break
-        if total >= tokens:
-            break
-    width = max(row.numel() for row in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=rows[0].device)
-    loss_mask = torch.zeros(len(rows), width, dtype=torch.float32, device=rows[0].device)
-    for index, (row, mask) in enumerate(zip(rows, masks, strict=True)):
-        ids[index, : row.numel()], loss_mask[index, : mask.numel()] = row, mask.float()
-    return ids, loss_mask
-
-
-def _lm_prior(model: nn.Module) -> Any:
-    """``prefix [rows, t] -> [rows, V]`` next-token log-probabilities of a Megatron model chunk (the beam's prior)."""
-
-    def log_probs(prefix: torch.Tensor) -> torch.Tensor:
-        width = prefix.size(1)
-        positions = torch.arange(width, device=prefix.device).unsqueeze(0).expand_as(prefix)
-        mask = causal_attention_mask(width).to(prefix.device) if prefix.device.type == "cpu" else None
-        with torch.no_grad():
-            return model(prefix, positions, mask)[:, -1].float().log_softmax(-1)
-
-    return log_probs
-
-
-def noise_level(noise: Any) -> str:
-    """``gaussian_mechanism epsilon=50``: the mechanism and the field that sets its level."""
-    from nemo_noise_plugin.privacy.audit.sweep import Sweep
-
-    level = Sweep.at_level_of(noise)
-    return f"{level.mechanism} {level.field}={level.levels[0]:g}"
-
-
-def frontier_point(
-    model: nn.Module,
-    batches: dict[str, list[dict[str, Any]]],
-    noise: Any,
-    eos_id: int,
-    *,
-    sequence_length: int,
-    epochs: int = 1,
-    tokens: int = FRONTIER_TOKENS,
-    attacks: Sequence[str] = FRONTIER_ATTACKS,
-) -> dict[str, Any]:
-    """Where a trained model stands between task and privacy at its own noise ``noise`` (JSON-serialisable).
-
-    ``exact_match``/``splits``: held-out exact match (``exact_match``) of a frozen copy of ``model`` with ``noise``
-    on its inputs in eval mode (``make_noisy`` with ``training_only=False``, constant schedule: the full level);
-    ``recovery``: each attack's token recovery rate by ``privacy.audit.audit`` on ``model``'s input embedding table
-    over at least ``tokens`` held-out tokens of the first split, counting only the tokens that received noise
-    (``audited_tokens``, ``distinct_ids``; the whole audit under ``audit``); ``per_token_epsilon``,
-    ``per_sequence_epsilon`` and ``ledger``: ``privacy_ledger`` at ``sequence_length`` and ``epochs`` (None where
-    the mechanism has no formal guarantee). ``model`` is not modified. Example::
-
-        point = frontier_point(model, {"validation": batches}, noise, eos_id, sequence_length=128)
-        point["exact_match"], point["recovery"]["nn_l2"], point["per_sequence_epsilon"]
-    """
-    from nemo_noise_plugin.distillation.teacher import build_clean_teacher
-    from nemo_noise_plugin.model.make_noisy import make_noisy
-    from nemo_noise_plugin.privacy.audit import audit
-    from nemo_noise_plugin.privacy.ledger import privacy_ledger
-
-    inference = dataclasses.replace(noise, training_only=False, schedule="constant", warmup_steps=0)
-    clean = build_clean_teacher(model)
-    noisy = make_noisy(build_clean_teacher(clean), inference).eval()
-    splits = {}
-    for split, split_batches in batches.items():
-        accuracy, per_task, _ = exact_match(noisy, split_batches, eos_id, noise_inputs=True)
-        splits[split] = {"exact_match": accuracy, "per_task": per_task}
-    del noisy
-    ids, loss_mask = _held_out_tokens(next(iter(batches.values())), tokens, eos_id)
-    table = input_embedding_table(model)
-    prior = _lm_prior(clean) if "lm_beam" in attacks else None
-    report = audit(table, ids, inference, tuple(attacks), prior, loss_mask=loss_mask, noised_only=True)
-    ledger = privacy_ledger(inference, sequence_length=sequence_length, epochs=epochs, hidden_size=table.size(1))
-
-    def entries(guarantees: Sequence[Any]) -> list[dict[str, Any]]:
-        return [{"epsilon": g.epsilon, "delta": g.delta, "how": g.how} for g in guarantees]
-
-    return {
-        "noise": noise_level(inference),
-        "noise_config": dataclasses.asdict(inference),
-        **splits[next(iter(splits))],
-        "splits": splits,
-        "recovery": {name: result["overall"]["rate"] for name, result in report["attacks"].items()},
-        "audited_tokens": report["tokens"]["real"],
-        "distinct_ids": report["tokens"]["distinct_ids"],
-        "per_token_epsilon": ledger.per_token[0].epsilon if ledger.per_token else None,
-        "per_sequence_epsilon": ledger.per_sequence[0].epsilon if ledger.per_sequence else None,
-        "ledger": {
-            "per_token": entries(ledger.per_token),
-            "per_sequence": entries(ledger.per_sequence),
-            "sequence_length": sequence_length,
-            "epochs": epochs,
-            "assumptions": list(ledger.assumptions),
-        },
-        "audit": {key: value for key, value in report.items() if key != "noise_config"},
-    }
-
-
-def _format_frontier(point: dict[str, Any], clean: dict[str, Any]) -> str:
-    def epsilon(value: float | None) -> str:
-        return "none (no formal guarantee)" if value is None else f"{value:.3g}"
-
-    scores = ", ".join(f"{split} {result['exact_match']:.3f}" for split, result in point["splits"].items())
-    rates = ", ".join(f"{name} {100 * rate:.1f} %" for name, rate in point["recovery"].items() if rate is not None)
-    ledger = point["ledger"]
-    return (
-        f"frontier point ({point['noise']}, on the inputs at inference): held-out exact match {scores} (clean "
-        f"{clean['exact_match']:.3f}); token recovery over {point['audited_tokens']} noised held-out tokens "
-        f"({point['distinct_ids']} distinct ids): {rates or 'no noised token'}; epsilon per token "
-        f"{epsilon(point['per_token_epsilon'])}, per sequence {epsilon(point['per_sequence_epsilon'])} "
-        f"(L={ledger['sequence_length']}, {ledger['epochs']} epoch{'s' if ledger['epochs'] != 1 else ''})"
-    )
 
 
 _BEFORE_KEY = "task_report_before"
@@ -477,7 +197,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
         )
         model.train(was_training)
         self.results["frontier"] = point
-        print(_format_frontier(point, self.results["after"]))
+        print(format_frontier(point, self.results["after"]))
 
     def _export(self, context: Any) -> None:
         from megatron.core.utils import unwrap_model

@@ -54,6 +54,7 @@ def audit(
     query_chunk: int = DEFAULT_QUERY_CHUNK,
     neighbour_distance: float | None = None,
     noised_only: bool = False,
+    private_mask: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Run ``attacks`` on the exact noised embeddings of ``token_ids`` (``[b, s]``) and report (JSON-serialisable).
 
@@ -66,6 +67,9 @@ def audit(
     noise levels computes it once). ``noised_only`` counts only the tokens that actually received noise
     (``noised_tokens``: not the ``special_token_ids``, only the ``tokens`` part the config selects); the report's
     ``tokens`` says how many were counted (``real``) and how many distinct ids they hold (``distinct_ids``).
+    ``tokens='spans'``: the protected tokens are those of ``private_mask`` (``[b, s]``, True inside a private span,
+    as the training batch carries it), and recovery is always counted on them only (the clean tokens around them
+    are in the clear: counting them would only dilute the rate); the attacks still see the whole sequence.
     ``noise_config`` is checked as it is now first (``NoiseConfig.validate``: an assignment after construction is
     refused with a ``ValueError`` naming the field).
 
@@ -88,13 +92,12 @@ def audit(
     if rare_ids is None:
         check_number("rare_quantile", rare_quantile, minimum=0.0, maximum=1.0)
     attacks = check_attacks(attacks, noise_config, lm_log_probs)
-    noised = noised_embeddings(
-        table, token_ids, noise_config, iteration=iteration, loss_mask=loss_mask, padding_mask=padding_mask
-    )
+    masks = dict(loss_mask=loss_mask, padding_mask=padding_mask, private_mask=private_mask)
+    noised = noised_embeddings(table, token_ids, noise_config, iteration=iteration, **masks)
     token_ids = token_ids.to(table.device)
     real, _ = real_tokens(noise_config, noised, loss_mask, padding_mask)
-    if noised_only:
-        real = real & noised_tokens(noise_config, token_ids, loss_mask, padding_mask)
+    if noised_only or noise_config.tokens == "spans":
+        real = real & noised_tokens(noise_config, token_ids, **masks)
     true_ids = token_ids[real]
     search = dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk)
     predictions: dict[str, Callable[[], torch.Tensor]] = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_noise_plugin.cli.nemo_noise import parse_audit_arguments
+from nemo_noise_plugin.jobs.audit.settings import parse_audit_arguments
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit import audit, median_nearest_neighbour_distance
 from nemo_noise_plugin.privacy.audit.sweep import STANDARD_SWEEPS, Sweep, audit_sweep, parse_sweeps, write_sweep_report

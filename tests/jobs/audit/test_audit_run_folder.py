@@ -16,9 +16,12 @@ import pytest
 import torch
 
 from nemo_noise_plugin.cli.nemo_noise import audit as audit_command
-from nemo_noise_plugin.cli.nemo_noise import parse_audit_arguments, run_audit
+from nemo_noise_plugin.cli.nemo_noise import run_audit
 from nemo_noise_plugin.data.instruction_set import instruction_examples, instruction_files
-from nemo_noise_plugin.jobs.reports import audit_targets as audit_report
+from nemo_noise_plugin.jobs.audit import data as audit_sources
+from nemo_noise_plugin.jobs.audit import report as audit_report
+from nemo_noise_plugin.jobs.audit.run_folder import read_run_folder
+from nemo_noise_plugin.jobs.audit.settings import parse_audit_arguments
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit.sweep import Sweep
 from nemo_noise_plugin.privacy.ledger import privacy_ledger
@@ -116,7 +119,7 @@ def test_without_a_task_report_the_noise_is_read_from_the_bridge_checkpoint(tmp_
         "dataset:\n  seq_length: 96\ntrain:\n  train_iters: 100\n  global_batch_size: 8\n"
     )
     run = make_run(tmp_path, hf_export, report_run=None, checkpoint=checkpoint)
-    trained = audit_report.read_run_folder(str(run))
+    trained = read_run_folder(str(run))
     assert (trained.noise.mechanism, trained.noise.eta, trained.noise.clip_norm) == ("metric_dp", 300.0, 2.0)
     assert trained.noise_source.endswith("checkpoints/iter_0000004/run_config.yaml")
     assert trained.sequence_length == 96  # the dataset's sequence length, not the model's
@@ -177,8 +180,8 @@ def test_uniform_data_audits_many_more_distinct_ids_than_the_validation_chats(hf
 
 def test_the_uniform_sample_is_seeded_and_leaves_out_the_special_ids():
     eligible = [i for i in range(VOCAB_SIZE) if i not in SPECIAL_IDS]
-    first = audit_report._uniform_sequences(eligible, 500, 64)
-    assert first == audit_report._uniform_sequences(eligible, 500, 64)
+    first = audit_sources.uniform_sequences(eligible, 500, 64)
+    assert first == audit_sources.uniform_sequences(eligible, 500, 64)
     ids = [token for row in first for token in row]
     assert len(ids) == 500 and not set(ids) & set(SPECIAL_IDS)
     assert len(set(ids[: len(eligible)])) == len(eligible)  # every id once before any repeats
