@@ -18,11 +18,6 @@ def test_an_override_given_twice_is_refused_naming_both_values():
     )
 
 
-def test_an_override_and_its_deletion_count_as_the_same_setting():
-    with pytest.raises(SettingError, match=r"^train.exit_interval=\['4', ''\] is invalid"):
-        run_finetune("tiny_noise_sft", ["train.exit_interval=4", "~train.exit_interval"], dryrun=True, print_fn=print)
-
-
 @pytest.mark.parametrize("option", ["-f", "--config-file"])
 def test_the_finetune_front_door_refuses_an_option_given_twice(option, capsys):
     arguments = ["-f", "tiny_noise_sft", "--dryrun"] if option == "--config-file" else ["--dryrun"]

@@ -174,12 +174,13 @@ def _is_rank_zero() -> bool:
 
 def check_distinct_overrides(overrides: Sequence[str]) -> None:
     """``SettingError`` naming a setting that ``overrides`` set twice (``model.noise.alpha=5 model.noise.alpha=10``):
-    Hydra would take the last without a word. ``key=``, ``+key=`` and ``~key`` count as the same setting."""
+    Hydra would take the last without a word. ``key=``, ``+key=`` and ``~key`` each count apart (adding a key and then
+    deleting it is two edits)."""
     from nemo_noise_plugin.validation import SettingError
 
     seen: dict[str, list[str]] = {}
     for override in overrides:
-        key, _, value = override.lstrip("+~").partition("=")
+        key, _, value = override.partition("=")
         seen.setdefault(key.strip(), []).append(value)
     for key, values in seen.items():
         if len(values) > 1:
