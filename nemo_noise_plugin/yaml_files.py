@@ -161,6 +161,8 @@ def parse_key_values(arguments: Sequence[str], text_keys: Collection[str] = ()) 
         key, separator, value = argument.partition("=")
         if not separator or not key:
             raise ValueError(f"argument {argument!r} is invalid: expected key=value, e.g. sequence_length=512.")
+        if key in values:  # the last one would win without a word
+            raise ValueError(f"argument {key}= is given more than once: expected each argument once ({argument!r}).")
         values[key] = value if key in text_keys else load_yaml_value(value, what=f"argument {argument!r}")
     return values
 

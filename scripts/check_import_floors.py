@@ -109,7 +109,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
         "noise draws",
         ("noise.mechanisms", "noise.schedule", "noise.geometry", "noise.projection", "noise.denoise"),
     ),
-    (LIBRARY, "noise config", ("noise.config", "noise.calibration", "noise.families")),
+    (LIBRARY, "noise config", ("noise.config", "noise.calibration", "noise.families", "noise.bounds")),
     (LIBRARY, "random streams", ("noise.sampling", "noise.triton_kernel", "noise.philox")),
     (LIBRARY, "presets", ("presets",)),
     (LIBRARY, "utilities", ("utils", "validation", "yaml_files", "upstream")),

@@ -123,7 +123,7 @@ def test_the_memo_is_invisible_on_the_config(checks):
 
     checked = NoiseConfig(alpha=3.0)
     assert set(vars(checked)) == {field.name for field in dataclasses.fields(NoiseConfig)}
-    assert NoiseConfig(**{**vars(checked), "sigma": 2.0}).sigma == 2.0  # the fields, and only they, rebuild it
+    assert NoiseConfig(**{**vars(checked), "alpha": 2.0}).alpha == 2.0  # the fields, and only they, rebuild it
     assert dataclasses.replace(checked, alpha=4.0).alpha == 4.0
     assert checks["NoiseConfig"] == 3
     duplicate = copy.deepcopy(checked)

@@ -12,6 +12,7 @@ an interrupt. ``--factory`` takes recipe arguments too, as ``nemo`` does: ``-f "
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import re
@@ -68,6 +69,15 @@ def recipe_with_arguments(factory: str) -> tuple[str, Callable[[], Any]] | None:
     return name, lambda: recipe(**arguments)
 
 
+class _Once(argparse.Action):
+    """An option given at most once: a repeated ``-f``/``--config-file`` is an error, not the last one silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{'/'.join(self.option_strings)} is given more than once ({values!r}): expected it once.")
+        setattr(namespace, self.dest, values)
+
+
 def _parser() -> UsageParser:
     parser = UsageParser(
         prog="python -m nemo_noise_plugin.cli.finetune",
@@ -75,10 +85,16 @@ def _parser() -> UsageParser:
         epilog="Factories: " + ", ".join(sorted(RECIPES)) + ". Under torchrun every rank runs this command.",
     )
     parser.add_argument(
-        "--factory", "-f", required=True, help="recipe name, or module:function returning a ConfigContainer"
+        "--factory",
+        "-f",
+        required=True,
+        action=_Once,
+        help="recipe name, or module:function returning a ConfigContainer",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, +key=value, ~key")
-    parser.add_argument("--config-file", "-c", help="YAML file of config fields, merged before the overrides")
+    parser.add_argument(
+        "--config-file", "-c", action=_Once, help="YAML file of config fields, merged before the overrides"
+    )
     parser.add_argument("--dryrun", action="store_true", help="print what would run; touch no GPU")
     parser.add_argument(
         "--to-yaml",

@@ -10,6 +10,7 @@ it here too.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Sequence
@@ -91,6 +92,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="after the report, keep only the newest N report folders and checkpoints of the recipe in --output-dir "
         "(never the ones reports/latest and the checkpoint tracker name); default: keep all",
     )
+    parser.add_argument(
+        "--held-out",
+        type=int,
+        metavar="N",
+        help="instruction recipes: score the task report on the first N examples of each held-out split (default all)",
+    )
+    parser.add_argument(
+        "--chats",
+        type=int,
+        metavar="N",
+        help="instruction recipes: held-out questions the exported model answers in transformers (default 4)",
+    )
     parser.add_argument("--noise-config", help="a noise preset name (e.g. gaussian) or a YAML of NoiseConfig fields")
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
     for flag, family in _MAGNITUDE_FLAGS.items():
@@ -113,6 +126,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--stop-after={args.stop_after} is invalid: expected an integer in [1, --steps={args.steps}).")
     if args.clean_pretrain_steps is not None and args.clean_pretrain_steps < 0:
         parser.error(f"--clean-pretrain-steps={args.clean_pretrain_steps} is invalid: expected an integer >= 0.")
+    if args.clean_pretrain_steps == 0 and RECIPES[args.recipe].clean_pretrain_steps > 0:
+        parser.error(
+            f"--clean-pretrain-steps=0 is invalid with --recipe {args.recipe}: expected an integer >= 1 (default "
+            f"{RECIPES[args.recipe].clean_pretrain_steps}), since this recipe trains from scratch and its distillation "
+            "teacher would be the randomly initialised model."
+        )
+    for name in ("held_out", "chats"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: expected an integer >= 1.")
     if args.lr is not None and (not math.isfinite(args.lr) or args.lr <= 0):
         parser.error(f"--lr={args.lr} is invalid: expected a finite number > 0.")
     return args
@@ -126,10 +148,12 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
     flags = {name: getattr(args, name) for name in ("mechanism", *MECHANISM_FLAGS)}
     overrides = {name: value for name, value in flags.items() if value is not None}
     overrides["seed"] = args.seed
+    levels = {name: overrides.pop(name) for name in list(overrides) if name in _MAGNITUDE_FLAGS}  # once checked
     if args.noise_config:
         noise = load_noise_config(args.noise_config, **overrides)
     else:
-        noise = NoiseConfig(**{"alpha": 10.0, **overrides})
+        default = {"alpha": 10.0} if overrides.get("mechanism", "uniform") == "uniform" else {}  # NEFTune alpha 10
+        noise = NoiseConfig(**{**default, **overrides})
     for flag, mechanisms in MECHANISM_FLAGS.items():
         if flags[flag] is not None and noise.mechanism not in mechanisms:
             own = MAGNITUDE_FIELDS[noise.mechanism]
@@ -138,7 +162,7 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
                 f"{', '.join(mechanisms)}); {noise.mechanism} noise is set by its field {own!r}: use --noise-config "
                 f"with {own}: <value>, or --mechanism {mechanisms[0]}."
             )
-    return noise
+    return dataclasses.replace(noise, **levels) if levels else noise
 
 
 def _option(field: str) -> str:
@@ -194,6 +218,9 @@ def _run(args: argparse.Namespace, noise: NoiseConfig) -> int:
             recipe=args.recipe,
             keep_last=args.keep_last,
             reports=RECIPES[args.recipe].reports,
+            task_options={
+                key: value for key, value in (("held_out", args.held_out), ("samples", args.chats)) if value is not None
+            },
         )
     except ValueError as error:  # the plugin's settings, re-validated before the model is built
         print(f"error: {error}", file=sys.stderr)

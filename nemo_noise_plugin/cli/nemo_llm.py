@@ -194,8 +194,10 @@ class FinetuneRunContext(RunContext):
             **(command_kwargs or {}),
         )
         def command(
-            factory: Optional[str] = typer.Option(None, "--factory", "-f", help="Recipe name or module:function"),  # noqa: UP045
-            config_file: Optional[str] = typer.Option(  # noqa: UP045
+            factory: Optional[list[str]] = typer.Option(  # noqa: UP045, B008  (a list: a repeated -f is refused)
+                None, "--factory", "-f", help="Recipe name or module:function"
+            ),
+            config_file: Optional[list[str]] = typer.Option(  # noqa: UP045, B008
                 None, "--config-file", "-c", help="YAML file of config fields, merged before the overrides"
             ),
             dryrun: bool = typer.Option(False, "--dryrun", help="Print what would run; touch no GPU"),
@@ -208,15 +210,19 @@ class FinetuneRunContext(RunContext):
             ctx: typer.Context = typer.Context,
         ) -> None:
             quiet_third_party(verbose)
+            for option, given in (("--factory/-f", factory), ("--config-file/-c", config_file)):
+                if given and len(given) > 1:
+                    print(f"Error: {option} is given more than once ({given!r}): expected it once.", file=sys.stderr)
+                    raise typer.Exit(code=2)
             self = cls(
                 name=name,
-                factory=factory or default_factory,
+                factory=factory[0] if factory else default_factory,
                 dryrun=dryrun,
                 skip_confirmation=skip_confirmation,
                 to_yaml=to_yaml,
                 detach=detach,
             )
-            self.config_file = config_file
+            self.config_file = config_file[0] if config_file else None
             self.verbose = verbose
             stop_on_sigterm()
             if verbose:  # full tracebacks

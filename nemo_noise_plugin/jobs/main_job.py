@@ -33,6 +33,7 @@ def launch_with_report(
     recipe: str | None = None,
     keep_last: int | None = None,
     reports: Sequence[str] | None = None,
+    task_options: dict[str, Any] | None = None,
 ) -> Path | None:
     """Train a recipe on the embedded corpus with progress lines, then write the robustness report.
 
@@ -67,6 +68,8 @@ def launch_with_report(
         recipe: the recipe's name, recorded in every report's provenance.
         keep_last: keep only the newest N report folders and checkpoints (None keeps all).
         reports: report callbacks to run (names of ``recipes.REPORTS``); None picks by the data.
+        task_options: keywords of the task report (``held_out``: score the first N held-out examples per split;
+            ``samples``: the exported model's replies).
 
     Returns:
         The report folder, or None when training stopped before its last iteration.
@@ -117,7 +120,9 @@ def launch_with_report(
     print(f"-- noise training: {title} --")
     if reports is None:  # a config of no registered recipe: the reports of its kind of data
         reports = ("task", "robustness") if is_finetuning_dataset(config.dataset) else ("robustness",)
-    callbacks = report_callbacks(reports, config, run_report, title=title, references=references)
+    callbacks = report_callbacks(
+        reports, config, run_report, title=title, references=references, task_options=task_options
+    )
     launch(config, callbacks=[*start, *callbacks, ProgressLine()], allow_cpu_loop=True)
     report = robustness_report(callbacks)
     if report is None:

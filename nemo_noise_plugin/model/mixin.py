@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from megatron.core.utils import WrappedTensor
 
+from nemo_noise_plugin.noise.bounds import check_noise_fits
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.denoise import denoise_noised
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
@@ -58,6 +59,7 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         if not isinstance(noise_config, NoiseConfig):
             raise TypeError(f"noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
         noise_config.validate()  # its fields as they are now (an assignment after construction skips __post_init__)
+        check_noise_fits(noise_config, self.config.hidden_size, getattr(self.config, "params_dtype", None))
         self.noise_config = noise_config
         self.noise_layer = EmbeddingNoise(
             noise_config,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
@@ -193,6 +193,7 @@ class NoiseConfig(ValidatedSettings):
         self._check_schedule()
         self._check_privacy_mechanism()
         self._check_projection()
+        self._check_unused_magnitudes()
 
     def _check_projection(self) -> None:
         """posterior_mean weighs the rows by the noise density: it needs one with a single scale per run."""
@@ -218,6 +219,20 @@ class NoiseConfig(ValidatedSettings):
             context=f" with mechanism={self.mechanism!r}",
             why=why,
         )
+
+    def _check_unused_magnitudes(self) -> None:
+        """Another family's magnitude field moved off its default (``alpha: 10`` with ``mechanism: gaussian``) would be
+        dropped without a word: refused, naming the field this mechanism's level is set by."""
+        own = MAGNITUDE_FIELDS[self.mechanism]
+        for name, default in unused_magnitude_defaults(self.mechanism).items():
+            if getattr(self, name) != default:
+                raise SettingError(
+                    _FIELD + name,
+                    getattr(self, name),
+                    f"its default {default!r}, or the mechanism that {name} sets",
+                    context=f" with mechanism={self.mechanism!r}",
+                    why=f": {self.mechanism} noise does not use it (its level is {own}), so it would be ignored",
+                )
 
     def _check_schedule(self) -> None:
         if self.schedule != "constant" and self.decay_steps == 0:
@@ -307,6 +322,14 @@ class NoiseConfig(ValidatedSettings):
     def is_active_configuration(self) -> bool:
         """True when the settings add a non-zero noise at all (enabled and a positive magnitude)."""
         return self.enabled and self.magnitude > 0
+
+
+def unused_magnitude_defaults(mechanism: str) -> dict[str, Any]:
+    """The other families' magnitude fields and their defaults: what a config of ``mechanism`` must leave them at
+    (``dataclasses.replace(config, mechanism=m, **unused_magnitude_defaults(m))`` switches a config's family)."""
+    own = MAGNITUDE_FIELDS[mechanism]
+    defaults = {f.name: f.default for f in fields(NoiseConfig)}
+    return {name: defaults[name] for name in dict.fromkeys(MAGNITUDE_FIELDS.values()) if name != own}
 
 
 def load_noise_config(name_or_path: str | os.PathLike[str], **overrides: Any) -> NoiseConfig:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from nemo_noise_plugin.noise.bounds import check_noised_finite
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import (
@@ -113,4 +114,6 @@ class EmbeddingNoise:
             sample_index=sample_index,
             iteration=clock.iteration,
         )
+        if clock.microbatch == 0:  # once per iteration: one reduction
+            check_noised_finite(self.config, noised, decoder_input, clock.iteration)
         return noised, selected

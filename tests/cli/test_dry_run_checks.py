@@ -88,6 +88,49 @@ def test_a_dry_run_refuses_model_and_data_sizes_below_one(override):
         run_finetune("tiny_noise_sft", [override], dryrun=True, print_fn=lambda _: None)
 
 
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "words"),
+    [
+        (
+            "tiny_noise_sft",
+            ["checkpoint.save_interval=-1"],
+            "checkpoint.save_interval=-1 is invalid: expected an integer >= 0",
+        ),
+        (
+            "tiny_noise_sft",
+            ["model.hidden_size=255", "model.num_attention_heads=4"],
+            "model.hidden_size=255 is invalid: expected a multiple of model.num_attention_heads=4 (e.g. 252), or "
+            "model.kv_channels set",
+        ),
+        (
+            "tiny_noise_sft",
+            ["train.train_iters=100000000000000000000"],
+            "train.train_iters=100000000000000000000 is invalid: expected an integer >= 1 and <= 1152921504606846975",
+        ),
+        (
+            "tiny_noise_distillation",
+            ["model.kd.top_k=100000"],
+            "model.kd.top_k=100000 is invalid with model.vocab_size=257: expected an integer in [1, 257]",
+        ),
+    ],
+    ids=["negative save interval", "heads do not divide hidden", "1e20 iterations", "top_k past the vocabulary"],
+)
+def test_a_dry_run_refuses_sizes_megatron_would_misuse(recipe, overrides, words):
+    """Each passed the dry run before (issue 36, finding 8) and then failed or did something else at run time."""
+    with pytest.raises(ValueError) as refused:
+        run_finetune(recipe, overrides, dryrun=True, print_fn=lambda _: None)
+    assert str(refused.value).startswith(words), str(refused.value)
+
+
+def test_a_hidden_size_heads_do_not_divide_is_accepted_with_kv_channels():
+    run_finetune(
+        "tiny_noise_sft",
+        ["model.hidden_size=255", "model.num_attention_heads=4", "model.kv_channels=64"],
+        dryrun=True,
+        print_fn=lambda _: None,
+    )
+
+
 def test_a_folder_that_os_access_calls_writable_but_cannot_be_made_is_refused():
     """As root, ``os.access`` says /proc is writable; a real ``mkdir`` there fails, and so does the dry check."""
     with pytest.raises(ValueError, match=r"^output_dir='/proc/nope/out' is invalid: the folder cannot be written"):

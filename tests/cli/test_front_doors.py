@@ -25,6 +25,8 @@ KNOWN_NOISE = ("FutureWarning: The pynvml package is deprecated", "import pynvml
 
 
 def _run(command: list[str], *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    # a front door's dry run: 14.6 s of CPU measured 2026-12-03 (40 s wall at load 24 on 2 cores); a 2-step CPU
+    # main job without control 128 s of CPU (448 s wall at load 25)
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout)
 
 
@@ -105,7 +107,8 @@ def test_a_config_file_that_is_not_a_mapping_is_one_line_with_status_2(tmp_path,
     ids=["micro batch", "seq length", "data seq length", "unwritable checkpoint.save"],
 )
 def test_a_setting_megatron_finds_late_is_refused_before_training(tmp_path, override, words):
-    result = _run(FINETUNE, "-f", "tiny_noise_sft", "train.train_iters=2", f"checkpoint.save={tmp_path}/c", override)
+    save = [] if override.startswith("checkpoint.save=") else [f"checkpoint.save={tmp_path}/c"]  # each setting once
+    result = _run(FINETUNE, "-f", "tiny_noise_sft", "train.train_iters=2", *save, override)
     assert result.returncode == 2, result.stderr[-3000:]
     assert words in _one_line(result)
     assert "CPU loop" not in result.stdout  # refused before the loop started
@@ -128,7 +131,7 @@ def test_a_checkpoint_that_cannot_be_written_names_the_full_disk(tmp_path, monke
     with pytest.raises(CheckpointWriteError) as caught:
         checkpoint.save({"iteration": 1})
     status, line = describe_failure(caught.value)
-    assert status == 1 and "the disk is full" in line and str(checkpoint.save_path) in line
+    assert status == 1 and "the disk is full" in line and f"checkpoint into {tmp_path}:" in line
     assert "no earlier state exists" in line
     assert list(tmp_path.iterdir()) == []  # no partial file left
 

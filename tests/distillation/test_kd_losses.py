@@ -698,3 +698,19 @@ def test_the_fused_path_works_in_row_chunks_and_leaves_the_teacher_logits_untouc
     torch.testing.assert_close(chunked_kd, kd, **TIGHT)
     torch.testing.assert_close(chunked.grad, whole.grad, **TIGHT)
     assert torch.equal(data["teacher"], teacher_before)
+
+
+def test_response_tokens_exclude_padding_that_the_loss_mask_covers():
+    """A loss mask of 1 on padding (a data path that masks prompts but not padding) is cut by the padding mask:
+    the KD mean and its token count are those of the real response tokens alone, not of the padding's garbage."""
+    data = make_inputs()
+    response = data["loss_mask"].bool()
+    loose = torch.where(data["padding_mask"].bool(), data["loss_mask"], torch.ones_like(data["loss_mask"]))
+    assert int(loose.sum()) == int(response.sum()) + 3  # rows 1 and 2 end in 2 and 1 padding positions
+    mask = kd_token_mask(loose, "response", data["padding_mask"])
+    assert torch.equal(mask, data["loss_mask"])
+    student = torch.where(response.unsqueeze(-1), data["student"], torch.full_like(data["student"], 1e4))
+    config = KDConfig(ce_weight=0.0, tokens="response")
+    result = combined_distillation_loss(config, student, data["teacher"], loose, padding_mask=data["padding_mask"])
+    torch.testing.assert_close(result.loss, forward_kl(data["student"], data["teacher"])[response].mean(), **TIGHT)
+    assert result.num_tokens.item() == int(response.sum())

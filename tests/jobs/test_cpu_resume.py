@@ -1,14 +1,16 @@
 """The CPU loop's checkpoints: a run stopped and resumed trains exactly as an uninterrupted one (same noise, same
-batches, same optimizer state), a checkpoint of other settings is never loaded, and a save is all or nothing."""
+batches, same optimizer state), a checkpoint is what its recorded settings say (never loaded for other settings,
+whatever its name; resumed from a moved folder), and a save is all or nothing and on disk when it returns."""
 
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
 
-from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint, run_fingerprint
+from nemo_noise_plugin.jobs.cpu.checkpoint import CheckpointMismatchError, CpuCheckpoint, run_fingerprint
 from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
 from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
 from nemo_noise_plugin.training.forward_step import noise_forward_step
@@ -69,8 +71,14 @@ def test_a_checkpoint_of_other_settings_is_neither_loaded_nor_overwritten(tmp_pa
     _run(_config(tmp_path, exit_interval=2))
     (saved,) = (tmp_path / "tiny_noise_sft" / "checkpoints").glob("cpu_state-*.pt")
     before = saved.read_bytes()
+    capsys.readouterr()
     other = _run(_config(tmp_path, exit_interval=1, alpha=5.0))
-    assert "resumed" not in capsys.readouterr().out and sorted(other.losses) == [0]
+    out = capsys.readouterr().out
+    assert "resumed" not in out and sorted(other.losses) == [0]
+    assert (
+        f"holds 1 state of other settings (the newest, {saved.name}: model.noise.alpha (saved 10.0, this run 5.0))"
+        in out
+    )
     assert saved.read_bytes() == before
     assert len(list(saved.parent.glob("cpu_state-*.pt"))) == 2
 
@@ -85,6 +93,52 @@ def test_the_fingerprint_ignores_when_a_run_stops_but_not_what_it_computes(tmp_p
     seed = _config(tmp_path)
     seed.rng.seed += 1
     assert run_fingerprint(seed) != base
+
+
+def test_a_checkpoint_under_this_runs_name_with_other_settings_is_refused_naming_the_difference(tmp_path):
+    _run(_config(tmp_path, exit_interval=2, alpha=5.0))
+    (saved,) = (tmp_path / "tiny_noise_sft" / "checkpoints").glob("cpu_state-*.pt")
+    planted = saved.with_name(f"cpu_state-{run_fingerprint(_config(tmp_path))}.pt")  # the alpha-10 run's name
+    saved.rename(planted)
+    with pytest.raises(CheckpointMismatchError) as refused:
+        _run(_config(tmp_path))
+    message = str(refused.value)
+    assert message.startswith(f"checkpoint {planted} was saved by other settings: ")
+    assert "model.noise.alpha (saved 5.0, this run 10.0); it is kept" in message and "\n" not in message
+    assert planted.is_file()
+
+
+def test_a_moved_run_folder_resumes_from_its_checkpoint(tmp_path, capsys):
+    _run(_config(tmp_path / "first", exit_interval=2))
+    shutil.move(tmp_path / "first", tmp_path / "moved")
+    capsys.readouterr()
+    resumed = _run(_config(tmp_path / "moved"))
+    assert "at iteration 2 of 4" in capsys.readouterr().out
+    assert sorted(resumed.losses) == [2, 3]
+
+
+def test_a_save_is_on_disk_before_it_returns_the_file_then_the_rename(tmp_path, monkeypatch):
+    """The real write path, with ``os.fsync`` and ``os.replace`` recorded as they run: the state's bytes are flushed
+    before the rename, and the folder after it (else a crash can leave the new name pointing at no data, or the old
+    name back)."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(descriptor):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{descriptor}")))
+        real_fsync(descriptor)
+
+    def replace(source, target):
+        events.append(("replace", str(target)))
+        real_replace(source, target)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    checkpoint = CpuCheckpoint(str(tmp_path), str(tmp_path), "0123456789abcdef")
+    checkpoint.save({"iteration": 1})
+    (kind, first), *rest = events
+    assert kind == "fsync" and first.startswith(str(tmp_path / f".{checkpoint.name}.")) and first.endswith(".partial")
+    assert rest == [("replace", str(checkpoint.save_path)), ("fsync", str(tmp_path))]
 
 
 def test_an_interrupted_save_keeps_the_previous_state_and_leaves_no_partial_file(tmp_path, monkeypatch):

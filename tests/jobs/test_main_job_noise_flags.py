@@ -27,3 +27,36 @@ def test_a_flag_of_another_family_is_an_error_naming_the_flag_and_the_field_to_u
         build_noise_config(parse_args(["--laplace-scale", "0.2"]))
     with pytest.raises(ValueError, match=r"--scaling=absolute is not used by mechanism 'laplace' \(only by uniform"):
         build_noise_config(parse_args(["--mechanism", "laplace", "--scaling", "absolute"]))
+
+
+def test_no_clean_pretraining_for_a_from_scratch_distillation_recipe_is_refused(capsys):
+    """Before (issue 36, finding 8) the run distilled from a randomly initialised teacher without a word."""
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--recipe", "tiny_noise_distillation", "--clean-pretrain-steps", "0"])
+    assert stopped.value.code == 2
+    assert (
+        "--clean-pretrain-steps=0 is invalid with --recipe tiny_noise_distillation: expected an integer >= 1 "
+        "(default 100), since this recipe trains from scratch and its distillation teacher would be the randomly "
+        "initialised model." in capsys.readouterr().err
+    )
+
+
+def test_no_clean_pretraining_is_fine_for_a_recipe_without_a_teacher():
+    assert parse_args(["--recipe", "tiny_noise_sft", "--clean-pretrain-steps", "0"]).clean_pretrain_steps == 0
+
+
+def test_held_out_and_chats_reach_the_task_report(tmp_path):
+    from nemo_noise_plugin.jobs.reports.artifacts import RunReport
+    from nemo_noise_plugin.jobs.reports.callbacks import report_callbacks
+
+    args = parse_args(["--recipe", "tiny_noise_sft", "--held-out", "8", "--chats", "2"])
+    assert (args.held_out, args.chats) == (8, 2)
+    (task,) = report_callbacks(["task"], None, RunReport(str(tmp_path)), task_options={"held_out": 8, "samples": 2})
+    assert (task.held_out, task.samples) == (8, 2)
+
+
+@pytest.mark.parametrize("flag", ["--held-out", "--chats"])
+def test_held_out_or_chats_below_one_is_refused(flag, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        parse_args([flag, "0"])
+    assert stopped.value.code == 2 and f"{flag}=0 is invalid: expected an integer >= 1." in capsys.readouterr().err

@@ -14,15 +14,26 @@ import pytest
 from nemo_noise_plugin.jobs.models.fetch_wheel import MODEL_CACHE_ENV
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
-pytestmark = pytest.mark.slow  # about 4 minutes on 2 cores
+pytestmark = pytest.mark.slow
+
+HELD_OUT, CHATS = 8, 2
+"""The task report scores the first 8 examples of each held-out split and the export answers 2 questions: the same
+code paths as the default (all 440 per split, 4 answers), which made this run outlast a 1,500 s timeout on a loaded
+2-core CI machine (issue 36)."""
+
+
+TIMEOUT_S = 2400
+"""Not yet measured uncontended (issue 36): on 2026-12-03 the 2-core machine ran at load 20-47; with every held-out
+example and 4 chats the run used more than 740 s of CPU (1,500 s wall) without finishing. Measure its CPU seconds on
+an idle machine and keep this at least 3x that."""
 
 
 def test_the_main_job_trains_exports_and_reports_the_real_model(smollm2_hf_dir, tmp_path):  # noqa: F811
     env = {**os.environ, MODEL_CACHE_ENV: str(smollm2_hf_dir.parent)}
     result = subprocess.run(
         [sys.executable, "-m", "nemo_noise_plugin", "--recipe", "smollm2_135m_noise_sft", "--steps", "2",
-         "--no-control", "--output-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=1500, env=env,
+         "--no-control", "--held-out", str(HELD_OUT), "--chats", str(CHATS), "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.splitlines()[0].startswith("== nemo-noise-plugin main job: recipe smollm2_135m_noise_sft")
@@ -34,12 +45,13 @@ def test_the_main_job_trains_exports_and_reports_the_real_model(smollm2_hf_dir, 
     task = json.loads((folder / "task_report.json").read_text())
     assert set(task["before"]) == set(task["after"]) == {"exact_match", "per_task", "splits"}
     assert set(task["after"]["splits"]) == {"validation", "test"}
+    assert "held-out exact match (before training, greedy)" in result.stdout
     assert 0.0 <= task["after"]["exact_match"] <= 1.0
     exported = task["export_logits"]  # the reloaded HF model against Megatron's logits, both float32 on the CPU
     assert exported["dtype"] == "float32" and exported["argmax_agreement"] >= 0.999, exported
     assert exported["max_abs_logit_difference"] < 1e-3, exported
     assert task["exported"] == str(tmp_path / "smollm2_135m_noise_sft" / "reports" / os.readlink(folder) / "hf")
-    assert len(task["transformers_replies"]) == 4
+    assert len(task["transformers_replies"]) == CHATS
     assert all(isinstance(item["reply"], str) for item in task["transformers_replies"])
     robustness = json.loads((folder / "robustness.json").read_text())
     assert set(robustness) == {"provenance", "before", "after"}  # --no-control: no reference curve

@@ -10,6 +10,7 @@ import pytest
 from nemo_noise_plugin.distillation.config import KDConfig, load_kd_config
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
 from nemo_noise_plugin.presets import available_presets, preset_path
+from nemo_noise_plugin.validation import SettingError
 
 
 def test_defaults_are_neftune_with_true_length_scaling():
@@ -24,9 +25,33 @@ def test_defaults_are_neftune_with_true_length_scaling():
 
 
 def test_magnitude_follows_the_mechanism():
-    assert NoiseConfig(mechanism="gaussian", sigma=0.7, alpha=3.0).magnitude == 0.7
+    assert NoiseConfig(mechanism="gaussian", sigma=0.7).magnitude == 0.7
     assert not NoiseConfig(enabled=False).is_active_configuration
     assert not NoiseConfig(alpha=0.0).is_active_configuration
+
+
+@pytest.mark.parametrize(
+    ("fields", "name", "own"),
+    [
+        (dict(mechanism="gaussian", alpha=10.0), "alpha", "sigma"),
+        (dict(mechanism="uniform", sigma=2.0), "sigma", "alpha"),
+        (dict(mechanism="metric_dp", laplace_scale=0.5), "laplace_scale", "eta"),
+        (dict(mechanism="laplace", epsilon=4.0, clip_norm=1.0), "epsilon", "laplace_scale"),
+    ],
+    ids=["gaussian alpha", "uniform sigma", "metric_dp laplace_scale", "laplace epsilon"],
+)
+def test_a_magnitude_field_of_another_mechanism_is_refused_not_dropped(fields, name, own):
+    with pytest.raises(SettingError) as refused:
+        NoiseConfig(**fields)
+    assert str(refused.value).startswith(f"NoiseConfig.{name}={fields[name]!r} is invalid with mechanism=")
+    assert f"(its level is {own}), so it would be ignored." in str(refused.value)
+
+
+def test_a_noise_yaml_with_a_magnitude_field_of_another_mechanism_is_refused(tmp_path):
+    path = tmp_path / "noise.yaml"
+    path.write_text("mechanism: gaussian\nalpha: 10\n")
+    with pytest.raises(SettingError, match=r"NoiseConfig.alpha=10 is invalid with mechanism='gaussian'"):
+        load_noise_config(str(path))
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
 from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, setup_tokenizer
 from nemo_noise_plugin.jobs.cpu import CPU_SUBSTITUTES, causal_attention_mask, destroy_cpu_parallel, init_cpu_parallel
-from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint, run_fingerprint
+from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint, run_settings, settings_digest
 from nemo_noise_plugin.jobs.progress import NonFiniteLossError
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
@@ -95,10 +95,10 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     # Megatron pins the attention backend process-wide through NVTE_* variables and refuses a model whose backend
     # disagrees with them: build this one from a clean slate and give the caller its variables back afterwards.
     attention_settings = {name: os.environ.pop(name) for name in list(os.environ) if name.startswith("NVTE_")}
-    fingerprint = run_fingerprint(config)  # before building the model, which fills in derived settings
+    settings = run_settings(config)  # before building the model, which fills in derived settings
     init_cpu_parallel(seed=config.rng.seed)
     try:
-        _train(config, forward_step, callbacks, fingerprint)
+        _train(config, forward_step, callbacks, settings)
     finally:
         from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
 
@@ -134,7 +134,7 @@ def _build_model(state: Any) -> torch.nn.Module:
     )[0]
 
 
-def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], fingerprint: str) -> None:
+def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], settings: dict[str, Any]) -> None:
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
 
     bridge_callbacks = import_bridge("megatron.bridge.training.callbacks")
@@ -156,7 +156,7 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], finger
     mask = causal_attention_mask(config.model.seq_length)
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer, scheduler = build_optimizer(config, parameters)
-    checkpoint = CpuCheckpoint(config.checkpoint.save, config.checkpoint.load, fingerprint)
+    checkpoint = CpuCheckpoint(config.checkpoint.save, config.checkpoint.load, settings_digest(settings), settings)
     first_step = _resume(checkpoint, model, optimizer, scheduler, manager.user_state, train.train_iters)
     state.train_state.step = first_step
     state.train_state.consumed_train_samples = first_step * train.global_batch_size
@@ -167,7 +167,6 @@ def _train(config: Any, forward_step: Callable, callbacks: Sequence[Any], finger
 
     def save(iteration: int) -> None:
         state_dict = {
-            "fingerprint": fingerprint,
             "iteration": iteration,
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -220,6 +219,9 @@ def _resume(
     try:
         saved = checkpoint.load()
         if saved is None:
+            others = checkpoint.others()
+            if others is not None:
+                print(f"no checkpoint of these settings: {others}; training these from iteration 0")
             if checkpoint.save_path is not None:
                 print(f"checkpoint: {checkpoint.save_path} (the same settings resume from it)")
             return 0

@@ -30,6 +30,8 @@ from typing import Any
 from nemo_noise_plugin.recipes import RECIPES, recipe_function
 
 __all__ = [
+    "check_distinct_overrides",
+    "follow_checkpoint_save",
     "FinetuneError",
     "UnknownFactoryError",
     "check_recipe_arguments",
@@ -170,6 +172,29 @@ def _is_rank_zero() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def check_distinct_overrides(overrides: Sequence[str]) -> None:
+    """``SettingError`` naming a setting that ``overrides`` set twice (``model.noise.alpha=5 model.noise.alpha=10``):
+    Hydra would take the last without a word. ``key=``, ``+key=`` and ``~key`` each count apart (adding a key and then
+    deleting it is two edits)."""
+    from nemo_noise_plugin.validation import SettingError
+
+    seen: dict[str, list[str]] = {}
+    for override in overrides:
+        key, _, value = override.partition("=")
+        seen.setdefault(key.strip(), []).append(value)
+    for key, values in seen.items():
+        if len(values) > 1:
+            raise SettingError(key, values, "one value", why=" (the setting is given more than once; keep one)")
+
+
+def follow_checkpoint_save(config: Any, overrides: Sequence[str]) -> None:
+    """An override of ``checkpoint.save`` without one of ``checkpoint.load`` moves the load folder with it: a run told
+    to save elsewhere resumes from there, not from the recipe's default folder (another run's checkpoints)."""
+    keys = {override.lstrip("+~").partition("=")[0].strip() for override in overrides}
+    if "checkpoint.save" in keys and "checkpoint.load" not in keys:
+        config.checkpoint.load = config.checkpoint.save
+
+
 def run_finetune(
     recipe: str | Callable[[], Any],
     overrides: Sequence[str] = (),
@@ -201,6 +226,7 @@ def run_finetune(
     Returns the resolved ConfigContainer. A real run checks for a GPU before it builds anything.
     """
     factory = factory or (recipe if isinstance(recipe, str) else getattr(recipe, "__name__", "recipe"))
+    check_distinct_overrides(overrides)
     if to_yaml is not None and "=" in to_yaml and not to_yaml.endswith((".yaml", ".yml")):
         raise FinetuneError(
             f"--to-yaml takes a file path ('-' for standard output), got {to_yaml!r}, which looks like an override."
@@ -217,6 +243,7 @@ def run_finetune(
         if isinstance(recipe, str):
             recipe = load_recipe(recipe)
         config = apply_overrides(build_config(recipe, factory), overrides, config_file)
+        follow_checkpoint_save(config, overrides)
         if dryrun:  # the settings a real run's launch() rejects, creating nothing
             from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
 

@@ -37,10 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge, use_prebuilt_dataset_helpers
+from nemo_noise_plugin.validation import SettingError, check_int
 
 __all__ = [
     "GPU_REQUIRED_MESSAGE",
     "GPUUnavailableError",
+    "check_bridge_resume",
     "check_run_settings",
     "forward_step_for",
     "launch",
@@ -87,6 +89,45 @@ def saved_checkpoints() -> list[str]:
     return found
 
 
+BRIDGE_RESUME_SETTINGS = ("model.noise.", "model.kd.", "rng.seed")
+"""The settings a Bridge checkpoint's ``run_config.yaml`` must agree on with a run that resumes from it: the plugin's
+own (noise, KD) and the seed, which Bridge's set-up leaves as they were given (its derived model and data fields it
+fills in, so they are not compared)."""
+
+
+def check_bridge_resume(config: Any) -> None:
+    """``CheckpointMismatchError`` naming each difference when ``checkpoint.load`` holds a Bridge checkpoint (its
+    tracker names an iteration) whose ``run_config.yaml`` records other ``BRIDGE_RESUME_SETTINGS``: Bridge would
+    resume from it whatever it was trained with. Paths count by their last part, so a moved folder resumes."""
+    import yaml
+
+    from nemo_noise_plugin.jobs.cpu.checkpoint import CheckpointMismatchError, run_settings, setting_differences
+
+    load = config.checkpoint.load
+    tracker = Path(load) / "latest_checkpointed_iteration.txt" if load else None
+    if tracker is None or not tracker.is_file():
+        return
+    iteration = tracker.read_text().strip()
+    name = "release" if iteration == "release" else f"iter_{int(iteration):07d}" if iteration.isdigit() else None
+    recorded = Path(load) / name / "run_config.yaml" if name else None
+    if recorded is None or not recorded.is_file():
+        return
+    with open(recorded, encoding="utf-8") as stream:
+        saved = run_settings(yaml.safe_load(stream) or {})
+    current = run_settings(config)
+
+    def chosen(settings: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in settings.items() if key.startswith(BRIDGE_RESUME_SETTINGS)}
+
+    differences = setting_differences(chosen(saved), chosen(current))
+    if differences:
+        raise CheckpointMismatchError(
+            f"checkpoint {load} (iteration {iteration}) was saved by other settings: {differences}; it is kept: "
+            "rerun with its settings to resume it, or train these in another folder (--output-dir, or "
+            "checkpoint.save and checkpoint.load)."
+        )
+
+
 def check_run_settings(
     config: Any, *, world_size: int | None = None, dry: bool = False, folders_here: bool = True
 ) -> None:
@@ -127,6 +168,7 @@ def check_run_settings(
         size = getattr(model, name, None)
         if size is not None and not _positive_int(size):  # 0 layers trained nothing, then divided by zero
             raise ValueError(f"model.{name}={size!r} is invalid: expected an integer >= 1.")
+    _check_sizes(config)
     seq_length = getattr(model, "seq_length", None)
     if seq_length is not None and not _positive_int(seq_length):
         raise ValueError(f"model.seq_length={seq_length!r} is invalid: expected an integer >= 1.")
@@ -144,6 +186,51 @@ def check_run_settings(
         dataset.data_path = [path]
         if getattr(dataset, "blend", None) == (path.split(), None):
             dataset.blend = None
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _check_sizes(config: Any) -> None:
+    """The sizes Megatron takes without a check and then misuses: steps, the checkpoint interval, the attention
+    heads' width and the KD top-k (``SettingError`` naming the setting)."""
+    train, model = config.train, config.model
+    iters, batch = train.train_iters, train.global_batch_size
+    if iters is not None:
+        limit = _INT64_MAX // batch if _positive_int(batch) else _INT64_MAX
+        check_int(
+            "train.train_iters", iters, minimum=1, maximum=limit, why=_SAMPLES_WHY if _positive_int(batch) else ""
+        )
+    interval = config.checkpoint.save_interval
+    if interval is not None:
+        check_int("checkpoint.save_interval", interval, minimum=0, optional=True, why=" (0 or null: no periodic save)")
+    hidden, heads = getattr(model, "hidden_size", None), getattr(model, "num_attention_heads", None)
+    if (
+        _positive_int(hidden)
+        and _positive_int(heads)
+        and getattr(model, "kv_channels", None) is None
+        and hidden % heads
+    ):
+        raise SettingError(
+            "model.hidden_size",
+            hidden,
+            f"a multiple of model.num_attention_heads={heads} (e.g. {hidden // heads * heads or heads}), or "
+            "model.kv_channels set to the width of one head",
+            why=": each head gets hidden_size / num_attention_heads channels",
+        )
+    kd, vocab = getattr(model, "kd", None), getattr(model, "vocab_size", None)
+    top_k = getattr(kd, "top_k", None)
+    if getattr(kd, "enabled", False) and _positive_int(top_k) and _positive_int(vocab) and top_k > vocab:
+        raise SettingError(
+            "model.kd.top_k",
+            top_k,
+            f"an integer in [1, {vocab}] (or null for the whole vocabulary)",
+            context=f" with model.vocab_size={vocab}",
+            why=": the teacher has only that many tokens to rank",
+        )
+
+
+_SAMPLES_WHY = " (iterations x train.global_batch_size must fit Megatron's int64 sample counters)"
 
 
 def _positive_int(value: Any) -> bool:
@@ -221,6 +308,7 @@ def launch(
         return
     from nemo_noise_plugin.jobs.launch.bridge_console import bridge_output, on_console
 
+    check_bridge_resume(config)
     use_prebuilt_dataset_helpers()
     if config.checkpoint.save:
         _BRIDGE_SAVE_FOLDERS.append(Path(config.checkpoint.save))

@@ -20,10 +20,10 @@ from nemo_noise_plugin.recipes import REPORTS
 __all__ = ["REPORT_BUILDERS", "report_callbacks", "robustness_report"]
 
 
-def _task_report(config: Any, run_report: RunReport, title: str, references: dict[str, Any]) -> Any:
+def _task_report(config: Any, run_report: RunReport, title: str, references: dict[str, Any], **options: Any) -> Any:
     from nemo_noise_plugin.jobs.reports.task_report import TaskReport
 
-    return TaskReport(run_report)
+    return TaskReport(run_report, **options)
 
 
 def _robustness_report(config: Any, run_report: RunReport, title: str, references: dict[str, Any]) -> Any:
@@ -51,17 +51,19 @@ def report_callbacks(
     *,
     title: str = "",
     references: dict[str, Any] | None = None,
+    task_options: dict[str, Any] | None = None,
 ) -> list[Any]:
     """The Bridge callbacks of the reports ``names`` for a run of ``config`` writing into ``run_report``.
 
-    ``title`` and ``references`` (curves of other runs, e.g. the control's) go to the robustness report. Raises
+    ``title`` and ``references`` (curves of other runs, e.g. the control's) go to the robustness report,
+    ``task_options`` to the task report (``TaskReport``'s keywords: ``held_out``, ``samples``). Raises
     ``ValueError`` naming an unknown report.
     """
     unknown = sorted(set(names) - set(REPORT_BUILDERS))
     if unknown:
         raise ValueError(f"reports={list(names)!r} is invalid: {unknown} unknown; expected names from {list(REPORTS)}.")
     return [
-        build(config, run_report, title, dict(references or {}))
+        build(config, run_report, title, dict(references or {}), **(task_options or {}) if name == "task" else {})
         for name, build in REPORT_BUILDERS.items()
         if name in names
     ]

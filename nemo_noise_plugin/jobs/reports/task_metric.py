@@ -65,8 +65,9 @@ TASK_REPORT_SPLITS = ("validation", "test")
 in training or model selection; absent when the dataset has no ``test.jsonl``)."""
 
 
-def task_batches(state: Any, device: Any) -> dict[str, list[dict[str, Any]]]:
-    """Batches of every ``TASK_REPORT_SPLITS`` split the run's dataset has, one example per row, whole batches only.
+def task_batches(state: Any, device: Any, held_out: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Batches of every ``TASK_REPORT_SPLITS`` split the run's dataset has, one example per row, whole batches only
+    (of the first ``held_out`` examples of each split when given).
 
     Built from Bridge's dataset provider and tokenizer as the run has them (``recipe_datasets``, unpacked); the CPU
     gets an explicit causal mask, a GPU none (the attention's own causal mask).
@@ -75,4 +76,5 @@ def task_batches(state: Any, device: Any) -> dict[str, list[dict[str, Any]]]:
     size = state.cfg.train.micro_batch_size
     mask = causal_attention_mask(state.cfg.model.seq_length) if torch.device(device).type == "cpu" else None
     found = dict(zip(TASK_REPORT_SPLITS, (valid, test), strict=True))
-    return {split: collate(data, len(data) // size, size, mask, device) for split, data in found.items() if data}
+    counts = {split: len(data) if held_out is None else min(len(data), held_out) for split, data in found.items()}
+    return {split: collate(data, counts[split] // size, size, mask, device) for split, data in found.items() if data}

@@ -117,6 +117,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
         frontier: bool = True,
         frontier_tokens: int = FRONTIER_TOKENS,
         frontier_attacks: Sequence[str] = FRONTIER_ATTACKS,
+        held_out: int | None = None,
     ) -> None:
         from nemo_noise_plugin.privacy.audit.run import ATTACKS
 
@@ -130,6 +131,9 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
             )
         self.report, self.export, self.samples = report, export, samples
         self.frontier, self.frontier_tokens, self.frontier_attacks = frontier, frontier_tokens, tuple(frontier_attacks)
+        if held_out is not None and (isinstance(held_out, bool) or not isinstance(held_out, int) or held_out < 1):
+            raise ValueError(f"held_out={held_out!r} is invalid: expected an integer >= 1 (or None: every example).")
+        self.held_out = held_out
         self.results: dict[str, Any] = {}
         self.batches: list[dict[str, Any]] | None = None
 
@@ -138,7 +142,7 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
 
         model = unwrap_model(context.model[0])
         if self.batches is None:
-            self.batches = task_batches(context.state, next(model.parameters()).device)
+            self.batches = task_batches(context.state, next(model.parameters()).device, self.held_out)
         was_training = model.training
         model.eval()
         eos = recipe_tokenizer(context.state).eod

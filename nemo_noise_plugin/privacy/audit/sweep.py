@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig
+from nemo_noise_plugin.noise.bounds import check_noise_fits
+from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig, unused_magnitude_defaults
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
 from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit, clips_embeddings
@@ -82,7 +83,12 @@ class Sweep:
         elif scaling == "embedding_distance":
             scaling = "true_length"
         return [
-            dataclasses.replace(base, mechanism=self.mechanism, scaling=scaling, **{self.field: float(level)})
+            dataclasses.replace(
+                base,
+                mechanism=self.mechanism,
+                scaling=scaling,
+                **{**unused_magnitude_defaults(self.mechanism), self.field: float(level)},  # the base's own level goes
+            )
             for level in self.levels
         ]
 
@@ -201,6 +207,7 @@ def audit_sweep(
         for level, config in zip(sweep.levels, sweep.configs(base_config), strict=True):
             if config.scaling == "embedding_distance" and config.embedding_distance is None:
                 config = dataclasses.replace(config, embedding_distance=distance)
+            check_noise_fits(config, table.size(1), table.dtype)  # not NaN rows in the report
             usable = [a for a in attacks if a != "direction" or clips_embeddings(config)]
             skipped += [{"mechanism": sweep.mechanism, "attack": a} for a in attacks if a not in usable]
             report = audit(

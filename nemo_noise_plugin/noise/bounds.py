@@ -1,0 +1,100 @@
+"""Noise that overflows the model's numbers: refused when the model is built, and stopped if it happens anyway.
+
+The norm layers square the noised embeddings and sum the squares over the hidden dimension (RMSNorm, LayerNorm), so
+a token whose noise norm is past the square root of the dtype's largest number (``1.8e19`` in float32 and bf16,
+``256`` in float16) is inf there, and the loss NaN: ``alpha=1e30`` or a metric-DP ``eta=1e-20`` trained on NaN
+without a word. ``check_noise_fits`` bounds each family's per-token noise norm from its row of
+``noise.families.NOISE_FAMILIES`` (the largest per-token scale over sequence lengths, times the unit noise's norm in
+``hidden_size`` dimensions, with a margin of 2) and refuses a setting past it, naming the magnitude field; the model
+mixin calls it when the noise layer is attached (``make_noisy`` and every provider build). Relative noise scales with
+each token's own embedding and is not bounded here.
+
+``check_noised_finite`` is the run-time guard for what no bound foresees: once per iteration (microbatch 0) the
+noise layer checks the largest magnitude of the noised embeddings (one reduction), and a non-finite one raises the
+same ``SettingError`` naming the setting instead of training on NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from nemo_noise_plugin.noise.families import UNIT_STD, noise_family
+from nemo_noise_plugin.validation import SettingError
+
+__all__ = ["check_noise_fits", "check_noised_finite", "noise_norm_bound", "noise_setting"]
+
+_MARGIN = 2.0
+"""A noise norm up to twice its typical value (the norm of ``d`` i.i.d. units concentrates far closer)."""
+
+
+def noise_setting(config: Any) -> tuple[str, Any]:
+    """The field that sets ``config``'s noise level and its value (``distance_multiple`` under ``embedding_distance``
+    scaling, else the family's magnitude field)."""
+    family = noise_family(config.mechanism)
+    name = "distance_multiple" if family.length_scaled and config.scaling == "embedding_distance" else None
+    name = name or family.magnitude_field
+    return name, getattr(config, name)
+
+
+def noise_norm_bound(config: Any, hidden_size: int) -> float | None:
+    """About the largest per-token noise norm ``config`` draws in ``hidden_size`` dimensions (None: relative noise,
+    which scales with the embedding; 0: no noise)."""
+    family = noise_family(config.mechanism)
+    if family.relative_to_embedding:
+        return None
+    try:
+        base = float(family.base_scale(config))
+        if family.length_scaled:
+            if config.scaling == "embedding_distance":
+                if config.embedding_distance is None:
+                    return None
+                return _MARGIN * base * float(config.embedding_distance)  # the RMS norm it is sized to
+            if config.scaling in ("true_length", "padded_length"):
+                base /= math.sqrt(hidden_size)  # the largest 1/sqrt(L d): a sequence of one token
+    except (ArithmeticError, ValueError):
+        return math.inf
+    if family.unit == "d_chi":  # radius ~ Gamma(d, scale): about d * scale
+        return _MARGIN * base * hidden_size
+    return _MARGIN * base * UNIT_STD[family.unit] * math.sqrt(hidden_size)
+
+
+def _dtype_limit(dtype: torch.dtype | None) -> tuple[str, float]:
+    dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+    return str(dtype).removeprefix("torch."), math.sqrt(torch.finfo(dtype).max)
+
+
+def check_noise_fits(config: Any, hidden_size: int, dtype: torch.dtype | None = None) -> None:
+    """``SettingError`` naming the noise level when ``config``'s per-token noise norm could pass the square root of
+    ``dtype``'s largest number (float32 when unknown), where the norm layers' squares are inf."""
+    if not config.enabled:
+        return
+    bound = noise_norm_bound(config, hidden_size)
+    name, limit = _dtype_limit(dtype)
+    if bound is None or bound <= limit:
+        return
+    field, value = noise_setting(config)
+    raise SettingError(
+        f"NoiseConfig.{field}",
+        value,
+        f"a noise level whose per-token noise norm stays below {limit:.3g} (this one reaches about {bound:.3g})",
+        context=f" with mechanism={config.mechanism!r}, hidden_size={hidden_size} and {name}",
+        why=": the norm layers square the noised embeddings, so a larger noise is inf there and the loss NaN",
+    )
+
+
+def check_noised_finite(config: Any, noised: torch.Tensor, clean: torch.Tensor, iteration: int) -> None:
+    """``SettingError`` naming the noise level when ``noised`` holds inf or NaN although ``clean`` does not (one
+    reduction each; call once per iteration)."""
+    if bool(torch.isfinite(noised.detach().abs().amax())) or not bool(torch.isfinite(clean.detach().abs().amax())):
+        return
+    field, value = noise_setting(config)
+    raise SettingError(
+        f"NoiseConfig.{field}",
+        value,
+        "a noise level whose noised embeddings stay finite",
+        context=f" with mechanism={config.mechanism!r}",
+        why=f": at iteration {iteration} they hold inf or NaN; training stopped",
+    )

@@ -1,0 +1,45 @@
+"""A Bridge checkpoint is resumed only by a run of its settings (issue 36, finding 1): the launcher reads the
+``run_config.yaml`` Bridge writes into each ``iter_NNNNNNN`` folder (``ConfigContainer.to_yaml``, as Bridge's
+``save_checkpoint`` calls it) before Bridge's loop would load the checkpoint whatever it was trained with."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from nemo_noise_plugin.jobs.cpu.checkpoint import CheckpointMismatchError
+from nemo_noise_plugin.jobs.launch.launcher import check_bridge_resume
+from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
+
+
+def _config(folder, alpha=5.0):
+    config = tiny_noise_sft_config(dir=str(folder), train_iters=4)
+    config.model.noise.alpha = alpha
+    return config
+
+
+def _bridge_checkpoint(config, iteration=4):
+    """What Bridge leaves in ``checkpoint.save`` after a save: the iteration's folder with its run config, then the
+    tracker (the weights themselves are not read here)."""
+    folder = f"{config.checkpoint.save}/iter_{iteration:07d}"
+    os.makedirs(folder, exist_ok=True)
+    config.to_yaml(f"{folder}/run_config.yaml")
+    with open(f"{config.checkpoint.save}/latest_checkpointed_iteration.txt", "w") as tracker:
+        tracker.write(str(iteration))
+
+
+def test_a_bridge_checkpoint_of_another_alpha_is_refused_naming_the_difference(tmp_path):
+    _bridge_checkpoint(_config(tmp_path, alpha=5.0))
+    with pytest.raises(CheckpointMismatchError) as refused:
+        check_bridge_resume(_config(tmp_path, alpha=10.0))
+    message = str(refused.value)
+    assert message.startswith(f"checkpoint {tmp_path}/tiny_noise_sft/checkpoints (iteration 4) was saved by other")
+    assert "model.noise.alpha (saved 5.0, this run 10.0); it is kept" in message
+
+
+def test_a_bridge_checkpoint_of_these_settings_in_a_moved_folder_resumes(tmp_path):
+    _bridge_checkpoint(_config(tmp_path / "first"))
+    shutil.move(tmp_path / "first", tmp_path / "moved")
+    check_bridge_resume(_config(tmp_path / "moved"))  # no error: Bridge's loop then resumes from it
