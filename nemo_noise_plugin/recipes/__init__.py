@@ -21,6 +21,7 @@ from nemo_noise_plugin.recipes.registry import RECIPES, REPORTS, Recipe, recipe_
 # isort: off
 from nemo_noise_plugin.recipes import tiny
 from nemo_noise_plugin.recipes import smollm2
+from nemo_noise_plugin.recipes import smollm2_private
 from nemo_noise_plugin.recipes import hf_models
 from nemo_noise_plugin.recipes import hybrid
 # isort: on
@@ -34,6 +35,7 @@ __all__ = [
     "recipe_function",
     "register_recipe",
     "smollm2",
+    "smollm2_private",
     "tiny",
 ]
 
