@@ -365,7 +365,12 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     started = time.perf_counter()
     result: dict[str, Any] = {"cell": dataclasses.asdict(cell), "name": cell.name}
     result["clean"] = {split: score(inner, batches, eos) for split, batches in held.items()}
-    canaries = canary_batches(state, device) if cell.task == "support" else None
+    canaries, canary_error = None, None
+    if cell.task == "support":
+        try:  # a failure here must not cost the cell's other scores
+            canaries = canary_batches(state, device)
+        except Exception as error:  # noqa: BLE001
+            canary_error = f"{type(error).__name__}: {error}"
     scored: dict[str, Any] = {}
     pairs = (
         [(level, region) for region in TASKS[cell.task]["regions"] for level in LEVELS]
@@ -388,13 +393,17 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
         if canaries is not None and region == "span":
             entry["canary_attacks"] = attack(inner, canaries, noise, region, special, eos, beam=beam)
         if cell.variant == "plain":
-            texts, kept = substituted(test, table, level, region, special, eos)
-            entry["substituted"] = score(inner, texts, eos)
-            entry["substitution"] = kept
+            try:  # a failure here must not cost the cell's other scores
+                texts, kept = substituted(test, table, level, region, special, eos)
+                entry["substituted"] = score(inner, texts, eos)
+                entry["substitution"] = kept
+            except Exception as error:  # noqa: BLE001
+                entry["substitution_error"] = f"{type(error).__name__}: {error}"
         noised_per_chat = entry["attacks"]["noised_tokens"] / entry["attacks"]["chats"]
         entry["privacy"] = privacy_of(level, region, inner.config.hidden_size, noised_per_chat)
         scored[f"{level}/{region}"] = entry
     result["levels"] = scored
+    result["canary_error"] = canary_error
     result["evaluation_seconds"] = time.perf_counter() - started
     result["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return result
