@@ -80,6 +80,8 @@ def collect(results: list[dict[str, Any]]) -> dict[str, Any]:
                             entry["canary_attacks"][name]["recovery"]
                         )
                 privacy[(task, level, region)] = entry["privacy"]
+                if "substitution" in entry:  # SANTEXT's own recovery: the substituted tokens that kept their id
+                    attacks[task][(level, region)]["santext_kept"].append(entry["substitution"]["kept_fraction"])
     return {"table": table, "attacks": attacks, "ceilings": ceilings, "privacy": privacy}
 
 
@@ -89,7 +91,7 @@ def markdown(summary: dict[str, Any]) -> str:
     for task, rows in sorted(summary["table"].items()):
         ceiling = list(summary["ceilings"][task].values())
         lines += [f"### {task} (clean ceiling, test: {mean_sd(ceiling)}, {len(ceiling)} seeds)", ""]
-        header = ["level / region", "eps/token", "eps/example", "nn L2", "beam", "canary beam"]
+        header = ["level / region", "eps/token", "eps/example", "nn L2", "beam", "canary beam", "SANTEXT kept"]
         header += [name for name, _, _ in COLUMNS] + ["best − plain+projection"]
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for (level, region), columns in sorted(rows.items()):
@@ -99,7 +101,7 @@ def markdown(summary: dict[str, Any]) -> str:
             for key in ("eps_per_token", "eps_per_example"):
                 value = privacy.get(key)
                 row.append("—" if value is None else f"{value:.3g}")
-            for name in ("nn_l2", "lm_beam", "canary_lm_beam"):
+            for name in ("nn_l2", "lm_beam", "canary_lm_beam", "santext_kept"):
                 row.append(mean_sd(attacks.get(name, [])))
             trained = {}
             for _, variant, serving in COLUMNS:
@@ -135,6 +137,8 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
                 values = columns.get((variant, serving))
                 attacks = summary["attacks"][task][(level, region)]
                 recovery = attacks.get("lm_beam") or attacks.get("nn_l2")
+                if serving == "substituted":  # text baseline: its own recovery (tokens left unchanged)
+                    recovery = attacks.get("santext_kept")
                 if values and recovery and region == "span":
                     points.append((statistics.fmean(recovery), statistics.fmean(values.values())))
             if points:
@@ -143,7 +147,7 @@ def figures(summary: dict[str, Any], folder: Path) -> list[Path]:
         ceiling = list(summary["ceilings"][task].values())
         if ceiling:
             axis.axhline(statistics.fmean(ceiling), color="black", linestyle="--", label="clean ceiling")
-        axis.set_xlabel("token recovery of the noised span (LM-prior beam)")
+        axis.set_xlabel("token recovery of the private span (LM-prior beam; SANTEXT: tokens kept)")
         axis.set_ylabel("exact match / accuracy (test)")
         axis.set_title(f"{task}: private spans noised")
         axis.legend(fontsize=7)

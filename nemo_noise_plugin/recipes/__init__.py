@@ -17,13 +17,14 @@ from typing import Any
 from nemo_noise_plugin.recipes.registry import RECIPES, REPORTS, Recipe, recipe_function, register_recipe
 
 # The family modules register their recipes when imported; this order is RECIPES' order (the main job's --recipe
-# choices): the tiny recipes, SmolLM2, the HF models, the tiny hybrid recipes.
+# choices): the tiny recipes, SmolLM2, the HF models, the tiny hybrid recipes, the SmolLM2
+# private-task recipes.
 # isort: off
 from nemo_noise_plugin.recipes import tiny
 from nemo_noise_plugin.recipes import smollm2
-from nemo_noise_plugin.recipes import smollm2_private
 from nemo_noise_plugin.recipes import hf_models
 from nemo_noise_plugin.recipes import hybrid
+from nemo_noise_plugin.recipes import smollm2_private
 # isort: on
 
 __all__ = [

@@ -21,7 +21,7 @@ from tests.support.gloo_ranks import run_on_gloo_ranks
 
 CONFIGS = {
     "gaussian_mechanism": DENOISED,
-    "laplace": dataclasses.replace(DENOISED, mechanism="laplace", laplace_scale=1.0),
+    "laplace": dataclasses.replace(DENOISED, mechanism="laplace", laplace_scale=1.0, epsilon=None),
 }
 
 
