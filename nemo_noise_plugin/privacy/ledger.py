@@ -298,10 +298,9 @@ def _coverage(config: NoiseConfig) -> tuple[str, ...]:
         )
     lines.append("Padding tokens are never noised; L counts the noised tokens of one sequence.")
     if config.projection != "none":
+        target = "its nearest table row" if config.projection == "nearest_row" else "the posterior mean of the rows"
         lines.append(
-            f"projection={config.projection!r} replaces each noised embedding by "
-            + ("its nearest table row" if config.projection == "nearest_row" else "the posterior mean of the rows")
-            + ": "
+            f"projection={config.projection!r} replaces each noised embedding by {target}: "
             "post-processing of the release, so the guarantee is unchanged."
         )
     if config.training_only:
