@@ -282,11 +282,11 @@ def test_the_ledger_rejects_an_empty_config_file_naming_it(tmp_path):
 def test_the_audit_reads_exponent_floats_from_its_config_file(tmp_path):
     from nemo_noise_plugin.jobs.audit.settings import parse_audit_arguments
 
-    path = _file(tmp_path, "alpha: 1e1\n")
+    path = _file(tmp_path, "mechanism: gaussian\nsigma: 1e1\n")
     settings = parse_audit_arguments(
-        ["model=tiny", "sweep=alpha:1,5", f"config={path}", f"output_dir={tmp_path}", "sigma=2e0"]
+        ["model=tiny", "sweep=sigma:1,5", f"config={path}", f"output_dir={tmp_path}", "clip_norm=2e0"]
     )
-    assert (settings["config"].alpha, settings["config"].sigma) == (10.0, 2.0)
+    assert (settings["config"].sigma, settings["config"].clip_norm) == (10.0, 2.0)
 
 
 # --- --config-file and load_config_yaml through Bridge ---------------------------------------------------------

@@ -66,9 +66,10 @@ def test_importing_the_registry_and_listing_the_recipes_loads_neither_torch_nor_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == (
-        "13 [] ['nemo_noise_plugin.recipes.common', 'nemo_noise_plugin.recipes.hf_models', "
+        "15 [] ['nemo_noise_plugin.recipes.common', 'nemo_noise_plugin.recipes.hf_models', "
         "'nemo_noise_plugin.recipes.hybrid', 'nemo_noise_plugin.recipes.registry', "
-        "'nemo_noise_plugin.recipes.smollm2', 'nemo_noise_plugin.recipes.tiny']"
+        "'nemo_noise_plugin.recipes.smollm2', 'nemo_noise_plugin.recipes.smollm2_private', "
+        "'nemo_noise_plugin.recipes.tiny']"
     )
 
 

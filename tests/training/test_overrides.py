@@ -42,11 +42,13 @@ def test_bridges_own_override_path_lets_an_invalid_alpha_through(sft):
 
 
 def test_noise_overrides_reach_the_provider_as_a_validated_noise_config(io, sft):
-    io["config_io"].apply_overrides(sft, ["model.noise.alpha=10", "model.noise.mechanism=gaussian"])
+    io["config_io"].apply_overrides(
+        sft, ["model.noise.alpha=5", "model.noise.mechanism=gaussian", "model.noise.sigma=3"]
+    )
     noise = sft.model.noise
     assert type(noise) is NoiseConfig
-    assert (noise.alpha, noise.mechanism, noise.sigma) == (10.0, "gaussian", 1.0)
-    assert type(noise.alpha) is float
+    assert (noise.alpha, noise.mechanism, noise.sigma) == (5.0, "gaussian", 3.0)
+    assert type(noise.alpha) is float and type(noise.sigma) is float
 
 
 def test_kd_and_training_overrides_are_applied(io, distillation):
@@ -135,9 +137,9 @@ def test_values_merged_from_a_yaml_file_are_validated_too(io, sft, tmp_path):
     path.write_text("model:\n  noise:\n    alpha: -2\n")
     with pytest.raises(io["config_io"].ConfigOverrideError, match="model.noise.alpha=-2 is invalid"):
         io["config_io"].apply_overrides(sft, [], config_filepath=path)
-    path.write_text("model:\n  noise:\n    alpha: 12\ntrain:\n  train_iters: 9\n")
+    path.write_text("model:\n  noise:\n    alpha: 5\n    sigma: 12\ntrain:\n  train_iters: 9\n")
     io["config_io"].apply_overrides(sft, ["model.noise.mechanism=gaussian"], config_filepath=path)
-    assert (sft.model.noise.alpha, sft.model.noise.mechanism, sft.train.train_iters) == (12.0, "gaussian", 9)
+    assert (sft.model.noise.sigma, sft.model.noise.mechanism, sft.train.train_iters) == (12.0, "gaussian", 9)
 
 
 def test_the_overridden_config_still_passes_bridges_validation(io, sft):
