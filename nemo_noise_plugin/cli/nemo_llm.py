@@ -145,9 +145,11 @@ def _recipe_factory(name: str, path: str) -> Callable[..., Any]:
     module, _, function = path.partition(":")
 
     def factory(**kwargs: Any) -> Any:
-        from nemo_noise_plugin.jobs.models.offline import with_offline_model
+        recipe = recipe_function(path)
+        if RECIPES[name].hf_model is not None:  # only a recipe of a named HF model has an offline folder to get
+            from nemo_noise_plugin.jobs.models.offline import with_offline_model
 
-        recipe = with_offline_model(name, recipe_function(path))
+            recipe = with_offline_model(name, recipe)
         if kwargs:  # -f "name(key=value)": a typo is one line, not a TypeError (nothing to check without arguments)
             check_recipe_arguments(function.removesuffix("_config"), recipe, kwargs)
         return recipe(**kwargs)

@@ -55,6 +55,8 @@ def load_recipe(name: str, available: Sequence[str] | None = None) -> Callable[[
 
     Raises ``UnknownFactoryError`` listing ``available`` (default: the ``RECIPES`` names) when neither resolves.
     """
+    if name in RECIPES and RECIPES[name].hf_model is None:
+        return recipe_function(RECIPES[name].path)
     if name in RECIPES:  # a SmolLM2 recipe gets the offline folder of its model as hf_path (jobs.models.offline)
         from nemo_noise_plugin.jobs.models.offline import with_offline_model
 
