@@ -436,7 +436,7 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
         )
     if cell.frontier_levels:
         tokenizer = recipe_tokenizer(state)
-        special = _special_ids(tokenizer)
+        special = special_ids(tokenizer)
         result["frontier"] = {}
         for level in cell.frontier_levels:
             noise = dataclasses.replace(level_config(level, inference=True), special_token_ids=special)
@@ -463,7 +463,7 @@ def _one_pass(state: Any) -> Any:
     return view
 
 
-def _special_ids(tokenizer: Any) -> list[int]:
+def special_ids(tokenizer: Any) -> list[int]:
     """The HF tokenizer's special ids (chat markers, end of text) under Bridge's tokenizer wrapper."""
     candidates, seen = [tokenizer], 0
     while seen < len(candidates) and seen < 6:  # Megatron's text tokenizer -> its library -> the HF tokenizer

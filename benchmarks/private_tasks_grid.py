@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.*, from a checkout
 
 from benchmarks.grid_driver import run_cells, this_python, write_result  # noqa: E402
+from benchmarks.noise_grid import shuffle_training_file, special_ids  # noqa: E402
 
 SMOKE = os.environ.get("PRIVATE_GRID_SMOKE") == "1"
 """A CPU check of the whole cell path: one step of 4 examples, one batch scored, one level per region."""
@@ -356,7 +357,7 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     inner = unwrap_model(model)
     device = next(inner.parameters()).device
     eos = int(recipe_tokenizer(state).eod)
-    special = _special_ids(recipe_tokenizer(state))
+    special = special_ids(recipe_tokenizer(state))
     held = task_batches(state, device)
     if SMOKE:
         held = {split: batches[:1] for split, batches in held.items()}
@@ -409,19 +410,6 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
     return result
 
 
-def _special_ids(tokenizer: Any) -> list[int]:
-    """The HF tokenizer's special ids (chat markers, end of text) under Bridge's tokenizer wrapper."""
-    candidates, seen = [tokenizer], 0
-    while seen < len(candidates) and seen < 6:
-        candidate = candidates[seen]
-        seen += 1
-        ids = getattr(candidate, "all_special_ids", None)
-        if ids:
-            return sorted({int(i) for i in ids})
-        candidates += [getattr(candidate, name) for name in ("_tokenizer", "tokenizer") if hasattr(candidate, name)]
-    raise ValueError(f"cannot find the special token ids of {type(tokenizer).__name__}")
-
-
 # --------------------------------------------------------------------------------------------------- one cell's run
 
 
@@ -470,19 +458,6 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
 
 TRAIN_EXAMPLES = {"sentiment": 4000, "support": 4000}
 """Training examples of each task's shipped split (checked against the file when a cell starts)."""
-
-
-def shuffle_training_file(data_dir: str, seed: int) -> None:
-    """Put the run's ``training.jsonl`` in a seed's order (Bridge 0.6.2 ignores ``dataset.seed``; see
-    ``benchmarks/noise_grid.py``), dropping Bridge's index of the old file."""
-    import random
-
-    path = Path(data_dir) / "training.jsonl"
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    random.Random(seed).shuffle(lines)
-    path.write_text("\n".join(lines) + "\n")
-    for index in path.parent.glob("training.jsonl.idx*"):
-        index.unlink()
 
 
 def run_cell(cell: Cell, out: Path, hf_path: str) -> None:

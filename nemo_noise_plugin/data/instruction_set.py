@@ -26,6 +26,7 @@ from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 __all__ = [
     "INSTRUCTION_SPLITS",
     "INSTRUCTION_TASKS",
+    "copy_split_files",
     "LONG_ANSWER_TASKS",
     "instruction_dataset_config",
     "instruction_examples",
@@ -84,8 +85,14 @@ def write_instruction_files(directory: str | os.PathLike) -> str:
 
     ``test.jsonl`` is copied too; Bridge reads it only with ``do_test=True``.
     """
+    return copy_split_files(instruction_files(), directory)
+
+
+def copy_split_files(files: dict[str, Path], directory: str | os.PathLike) -> str:
+    """Copy each split's JSONL (``files``: split -> path) into ``directory`` as ``<split>.jsonl``; identical copies
+    are kept, a changed copy is replaced and Bridge's index files of the old one removed. Returns ``directory``."""
     os.makedirs(directory, exist_ok=True)
-    for split, source in instruction_files().items():
+    for split, source in files.items():
         target = Path(directory) / f"{split}.jsonl"
         if not target.exists() or target.read_bytes() != source.read_bytes():
             shutil.copyfile(source, target)

@@ -144,7 +144,7 @@ def test_noise_at_inference_leaves_template_and_special_tokens_clean(bridge_stat
     from nemo_noise_plugin.jobs.reports.task_metric import task_batches
 
     eos = noise_grid._eos_id(state)
-    special = noise_grid._special_ids(recipe_tokenizer(state))
+    special = noise_grid.special_ids(recipe_tokenizer(state))
     assert eos in special
     batches = task_batches(state, "cpu")["test"]
     noise = noise_grid.level_config("gm_eps20", inference=True)

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from nemo_noise_plugin.data.instruction_set import INSTRUCTION_SPLITS, instruction_dataset_config, instruction_files
+from nemo_noise_plugin.data.instruction_set import (
+    INSTRUCTION_SPLITS,
+    copy_split_files,
+    instruction_dataset_config,
+    instruction_files,
+)
 from nemo_noise_plugin.validation import check_choice
 
 __all__ = [
@@ -72,16 +76,8 @@ def write_task_files(family: str, directory: str | os.PathLike) -> str:
     Identical copies are kept; a changed copy is replaced and Bridge's index files of the old one removed. The
     canaries are not copied: they are for the audit, never for training.
     """
-    os.makedirs(directory, exist_ok=True)
-    for split, source in task_files(family).items():
-        if split == CANARY_SPLIT:
-            continue
-        target = Path(directory) / f"{split}.jsonl"
-        if not target.exists() or target.read_bytes() != source.read_bytes():
-            shutil.copyfile(source, target)
-            for index in target.parent.glob(f"{split}.jsonl.idx*"):  # Bridge's index of the old file
-                index.unlink()
-    return str(directory)
+    files = {split: path for split, path in task_files(family).items() if split != CANARY_SPLIT}
+    return copy_split_files(files, directory)
 
 
 def task_dataset_config(
