@@ -7,7 +7,6 @@ plugin's local hybrid stack (attention and MLP layers; Mamba layers need CUDA ke
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -19,6 +18,7 @@ from nemo_noise_plugin.distillation.config import KDConfig
 from nemo_noise_plugin.model.hybrid import NoisyHybridModel
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.validation import SettingError
+from tests.support.attention_variables import clean_attention_variables
 from tests.support.models import TINY_CPU_TRANSFORMER_SETTINGS
 
 PATTERN = "*-*-"
@@ -32,14 +32,11 @@ def hybrid(megatron_cpu):
 
 
 @pytest.fixture(autouse=True)
-def _keep_attention_variables():
-    """Megatron pins the attention backend process-wide (``NVTE_*``) when a model is built with the local backend;
-    give later tests (GPT models on Bridge's default backend) the variables they started with."""
-    saved = {name: value for name, value in os.environ.items() if name.startswith("NVTE_")}
-    yield
-    for name in [name for name in os.environ if name.startswith("NVTE_")]:
-        del os.environ[name]
-    os.environ.update(saved)
+def _clean_attention_variables():
+    """Megatron pins the attention backend process-wide (``NVTE_*``): earlier tests in this process may have pinned
+    another one, and these models use the local backend; start from no variables, give later tests theirs back."""
+    with clean_attention_variables():
+        yield
 
 
 def _settings(hybrid, **overrides) -> dict:

@@ -27,11 +27,15 @@ _FIELD_LIST_LIMIT = 20
 _MESSAGE_KEY = re.compile(r"^(?P<owner>\w+)(?:\.|: )(?P<field>\w+)=")
 
 
-def explain_hydra_error(config: Any, message: str, overrides: list[str]) -> str:
-    """Hydra's complaints about a key restated in terms of the config: which class lacks the field, or why."""
+def explain_hydra_error(config: Any, message: str, overrides: list[str], culprit: str | None = None) -> str:
+    """Hydra's complaints about a key restated in terms of the config: which class lacks the field, or why.
+
+    ``culprit`` is the override Hydra's parser named (its ``OverrideParseException.override``), when the message
+    Bridge re-raises no longer quotes it.
+    """
     match = re.search(r"Could not (override|delete from config\.) '([^']+)'", message)
     if not match:
-        return unreadable_override(message, overrides)
+        return unreadable_override(message, overrides, culprit)
     key = match.group(2)
     owner = config
     for part in key.split(".")[:-1]:
@@ -48,10 +52,13 @@ def explain_hydra_error(config: Any, message: str, overrides: list[str]) -> str:
     return message
 
 
-def unreadable_override(message: str, overrides: list[str]) -> str:
+def unreadable_override(message: str, overrides: list[str], culprit: str | None = None) -> str:
     """Hydra's grammar or merge failure restated in one line naming the override and what a value may be."""
     said = " ".join(message.split())
-    culprit = next((item for item in overrides if item in message), None)
+    if culprit not in overrides:
+        culprit = next((item for item in overrides if item in message), None)
+    if culprit is None and len(overrides) == 1:
+        culprit = overrides[0]
     if culprit is None:
         return said
     grammar = "LexerNoViableAltException" in message or "mismatched input" in message or "no viable" in message

@@ -91,7 +91,8 @@ def apply_overrides(config: Any, overrides: list[str], *, config_filepath: str |
         try:
             omega = omegaconf_utils.parse_hydra_overrides(omega, overrides)
         except omegaconf_utils.OverridesError as error:
-            raise ConfigOverrideError(explain_hydra_error(config, str(error), overrides)) from error
+            culprit = getattr(error.__cause__, "override", None)
+            raise ConfigOverrideError(explain_hydra_error(config, str(error), overrides, culprit)) from error
     after = OmegaConf.to_container(omega, resolve=True)
 
     plan = _Plan(overrides)
