@@ -12,6 +12,8 @@ how many label-bearing tokens a level needs.
 
     python benchmarks/gist_information_bound.py --hf-path "$(python scripts/fetch_smollm2.py)" \\
         --json benchmarks/results/private_tasks/information_bound.json
+    python benchmarks/gist_information_bound.py --family sentiment_long --hf-path ... \
+        --json benchmarks/results/private_tasks/information_bound_long.json
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main() -> None:
     parser.add_argument("--hf-path", required=True)
     parser.add_argument("--json")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--family", default="sentiment", choices=("sentiment", "sentiment_long"))
     args = parser.parse_args()
     import safetensors.torch
     import transformers
@@ -64,8 +67,8 @@ def main() -> None:
     weights = safetensors.torch.load_file(str(Path(args.hf_path) / "model.safetensors"))
     table = next(v for k, v in weights.items() if k.endswith("embed_tokens.weight")).float()
     clipped = table * (CLIP_NORM / table.norm(dim=1, keepdim=True)).clamp(max=1.0)
-    train = review_tokens(tokenizer, task_examples("sentiment", "training"))
-    test = review_tokens(tokenizer, task_examples("sentiment", "test"))
+    train = review_tokens(tokenizer, task_examples(args.family, "training"))
+    test = review_tokens(tokenizer, task_examples(args.family, "test"))
     labels = sorted({label for _, label in train})
     index = {label: i for i, label in enumerate(labels)}
     vocab = sorted({t for ids, _ in train + test for t in ids})
@@ -118,6 +121,7 @@ def main() -> None:
         results.append(entry)
         print(json.dumps(entry), flush=True)
     summary = {
+        "family": args.family,
         "test_examples": len(test),
         "mean_review_tokens": len(flat) / len(test),
         "chance": 1 / len(labels),

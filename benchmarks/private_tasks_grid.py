@@ -61,10 +61,16 @@ SCORED_EXAMPLES = 400
 """Test examples scored per (model, level, serving mode)."""
 
 TASKS: dict[str, dict[str, Any]] = {
-    "sentiment": dict(epochs=1.5, regions=("span", "prompt"), chance=0.25),
-    "support": dict(epochs=1.5, regions=("span",), chance=None),
+    "sentiment": dict(epochs=1.5, regions=("span", "prompt"), chance=0.25, seq=SEQ),
+    "support": dict(epochs=1.5, regions=("span",), chance=None, seq=SEQ),
+    # about 6.5x the label-bearing words (gist_information_bound.py: what the eps-50 level needs); half the examples
+    # at twice the length, three passes: the same steps as the short family; scored on the Gaussian span levels
+    "sentiment_long": dict(
+        epochs=3.0, regions=("span",), chance=0.25, seq=256, levels=("gm_eps100", "gm_eps50", "gm_eps20")
+    ),
 }
-"""Each task family: passes over its training split, the noised regions it is scored under, chance accuracy."""
+"""Each task family: passes over its training split, the noised regions it is scored under, chance accuracy, the
+sequence length, and (optional) the levels its plain model is scored under (default: every level)."""
 REGIONS = {"span": "spans", "prompt": "prompt"}
 LEVELS: dict[str, dict[str, Any]] = {
     "gm_eps100": dict(mechanism="gaussian_mechanism", epsilon=100.0, delta=1e-5, clip_norm=CLIP_NORM),
@@ -97,11 +103,17 @@ class Cell:
     seed: int
     level: str | None = None
     region: str | None = None
+    lr_scale: float = 1.0
+    epochs_scale: float = 1.0
+    """Diagnostics (why an aim fails): the grid's learning rate and number of passes times these."""
 
     @property
     def name(self) -> str:
         noise = f"_{self.level}_{self.region}" if self.level else ""
-        return f"{self.task}_{self.variant}{noise}_s{self.seed}"
+        scales = (f"_lr{self.lr_scale:g}x" if self.lr_scale != 1.0 else "") + (
+            f"_ep{self.epochs_scale:g}x" if self.epochs_scale != 1.0 else ""
+        )
+        return f"{self.task}_{self.variant}{noise}{scales}_s{self.seed}"
 
     @property
     def save(self) -> bool:
@@ -129,6 +141,27 @@ def cells_for(seeds: Sequence[int], tasks: Sequence[str] = tuple(TASKS)) -> list
     rows += [(task, "kd", "gm_eps20", "span") for task in tasks]
     rows += [(task, v, level, "span") for level in MDP_LEVELS for task in tasks for v in ("aware", "projected")]
     return [Cell(task, variant, seed, level, region) for task, variant, level, region in rows for seed in seeds]
+
+
+def followup_cells(seeds: Sequence[int]) -> list[Cell]:
+    """The second GPU session's cells, in the order they run: the long gist family (plain, projected, denoiser and
+    noise-aware training at eps 50 on the review); the diagnostic of the noise-aware gist failure at eps 100
+    (5x the learning rate, 3x the passes); the metric-DP trained cells at eta 30 (the metric level that hides most);
+    the whole-prompt trained cells at eps 20."""
+    rows: list[dict[str, Any]] = [dict(task="sentiment_long", variant="plain")]
+    rows += [
+        dict(task="sentiment_long", variant=v, level="gm_eps50", region="span")
+        for v in ("projected", "denoised", "aware")
+    ]
+    rows += [dict(task="sentiment", variant="aware", level="gm_eps100", region="span", lr_scale=5.0)]
+    rows += [dict(task="sentiment", variant="aware", level="gm_eps100", region="span", epochs_scale=3.0)]
+    rows += [
+        dict(task=t, variant=v, level="mdp_eta30", region="span")
+        for t in ("sentiment", "support")
+        for v in ("aware", "projected")
+    ]
+    rows += [dict(task="sentiment", variant=v, level="gm_eps20", region="prompt") for v in ("aware", "projected")]
+    return [Cell(seed=seed, **row) for row in rows for seed in seeds]
 
 
 def level_config(level: str, region: str, *, inference: bool, projection: str = "none", seed: int = 0) -> Any:
@@ -374,7 +407,7 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
             canary_error = f"{type(error).__name__}: {error}"
     scored: dict[str, Any] = {}
     pairs = (
-        [(level, region) for region in TASKS[cell.task]["regions"] for level in LEVELS]
+        [(level, region) for region in TASKS[cell.task]["regions"] for level in TASKS[cell.task].get("levels", LEVELS)]
         if cell.variant == "plain"
         else [(cell.level, cell.region)]
     )
@@ -430,15 +463,16 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
     if cell.teacher:
         provider.teacher_checkpoint = str(out / cell.teacher / "checkpoints")
     train_examples = TRAIN_EXAMPLES[cell.task]
-    train_iters = 1 if SMOKE else max(round(TASKS[cell.task]["epochs"] * train_examples / GLOBAL_BATCH), 1)
+    passes = TASKS[cell.task]["epochs"] * cell.epochs_scale
+    train_iters = 1 if SMOKE else max(round(passes * train_examples / GLOBAL_BATCH), 1)
     config = private_task_finetuning_config(
         provider,
         hf_path,
         task=cell.task,
         run_dir=str(out / cell.name / "run"),
         train_iters=train_iters,
-        seq_length=SEQ,
-        lr=LR,
+        seq_length=TASKS[cell.task]["seq"],
+        lr=LR * cell.lr_scale,
         global_batch_size=GLOBAL_BATCH,
         micro_batch_size=MICRO_BATCH,
     )
@@ -456,7 +490,7 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
     return config
 
 
-TRAIN_EXAMPLES = {"sentiment": 4000, "support": 4000}
+TRAIN_EXAMPLES = {"sentiment": 4000, "support": 4000, "sentiment_long": 2000}
 """Training examples of each task's shipped split (checked against the file when a cell starts)."""
 
 
@@ -484,8 +518,8 @@ def run_cell(cell: Cell, out: Path, hf_path: str) -> None:
             result.update(
                 train_iters=config.train.train_iters,
                 global_batch_size=GLOBAL_BATCH,
-                lr=LR,
-                seq_length=SEQ,
+                lr=config.optimizer.lr,
+                seq_length=config.dataset.seq_length,
                 losses=losses,
                 wall_seconds=time.perf_counter() - started,
                 noise_config=dataclasses.asdict(config.model.noise),
@@ -508,6 +542,7 @@ def main() -> None:
     run.add_argument("--expected-cell-s", type=float, default=200.0, help="a cell's time before one has finished")
     run.add_argument("--hf-path", required=True)
     run.add_argument("--only", help="comma-separated cell names (a subset of the grid)")
+    run.add_argument("--followup", action="store_true", help="the second session's cells (followup_cells)")
     cell = commands.add_parser("cell", help="one cell (what run starts)")
     cell.add_argument("--spec", required=True)
     cell.add_argument("--out", required=True)
@@ -518,7 +553,8 @@ def main() -> None:
     summarize.add_argument("--figures")
     args = parser.parse_args()
     if args.command == "run":
-        cells = cells_for([int(s) for s in args.seeds.split(",")], args.tasks.split(","))
+        seeds = [int(s) for s in args.seeds.split(",")]
+        cells = followup_cells(seeds) if args.followup else cells_for(seeds, args.tasks.split(","))
         if args.only:
             wanted = set(args.only.split(","))
             cells = [c for c in cells if c.name in wanted]

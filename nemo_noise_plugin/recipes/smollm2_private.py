@@ -62,8 +62,8 @@ def private_task_finetuning_config(
     micro_batch_size: int,
     seed: int = 1234,
 ):
-    """A Bridge ``ConfigContainer`` that fine-tunes ``provider`` on the shipped task family ``task`` (``sentiment``
-    or ``support``) with its private spans: ``common.finetuning_config`` with ``PrivateSpanSFTDatasetConfig`` over a
+    """A Bridge ``ConfigContainer`` that fine-tunes ``provider`` on the shipped task family ``task`` (``sentiment``,
+    ``sentiment_long`` or ``support``) with its private spans: ``common.finetuning_config`` with ``PrivateSpanSFTDatasetConfig`` over a
     copy of the family's files under ``run_dir/data`` (the test split built too, for the task report), bf16, two
     warm-up steps. Example::
 
@@ -75,7 +75,7 @@ def private_task_finetuning_config(
     from nemo_noise_plugin.data.tasks.shipped import write_task_files
     from nemo_noise_plugin.validation import check_choice
 
-    check_choice("task", task, ("sentiment", "support"))
+    check_choice("task", task, ("sentiment", "sentiment_long", "support"))
     provider.seq_length = seq_length
     for name, value in bf16_settings().items():
         setattr(provider, name, value)

@@ -15,7 +15,7 @@ from nemo_noise_plugin.data.tasks.shipped import CANARY_SPLIT
 
 __all__ = ["GENERATED_FAMILIES", "write_family"]
 
-GENERATED_FAMILIES = (sentiment_reviews.FAMILY, support_tickets.FAMILY)
+GENERATED_FAMILIES = (*sentiment_reviews.SHAPES, support_tickets.FAMILY)
 """The families written here (``instructions`` has its own script, ``scripts/make_instruction_data.py``)."""
 
 
@@ -24,8 +24,8 @@ def write_family(family: str, folder: Path) -> dict[str, int]:
 
     Returns the row count of each file. Deterministic: the same bytes on every run.
     """
-    if family == sentiment_reviews.FAMILY:
-        splits = sentiment_reviews.generate()
+    if family in sentiment_reviews.SHAPES:
+        splits = sentiment_reviews.generate(family=family)
         extra = {}
     elif family == support_tickets.FAMILY:
         splits = support_tickets.generate()

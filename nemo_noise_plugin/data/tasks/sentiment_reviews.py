@@ -33,6 +33,12 @@ Construction (``generate``, fixed seed):
   review; written by ``scripts/make_task_data.py --word-tokens HF_DIR``; a slow test checks it against the
   tokenizer), so generating needs no tokenizer.
 - ``private_spans`` marks the review (everything after ``Review: ``): the words a ``tokens="spans"`` run noises.
+
+Two shapes (``SHAPES``): ``sentiment`` (12-16 words, 5-8 of them sentiment words; 4000 training examples) and
+``sentiment_long`` (64-80 words, 36-48 sentiment words: about 6.5x the label-bearing words; 2000 training). The long
+shape exists because of ``benchmarks/gist_information_bound.py``: at a noise level that hides the tokens (nearest
+neighbour recovers <= 10 %), a decoder that knows the generator reads the short review's class only 58 % of the
+time, and needs about 8x its sentiment words to reach 97 %. Everything else (pools, bands, filler) is the same.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import importlib.util
 import random
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -51,8 +58,10 @@ __all__ = [
     "FAMILY",
     "FILLER",
     "LABELS",
+    "SHAPES",
     "SIZES",
     "SYSTEM",
+    "ReviewShape",
     "candidate_words",
     "generate",
     "lexicon_path",
@@ -83,6 +92,26 @@ SIZES = {"test": 100, "validation": 100, "training": 1000}
 LENGTHS = range(5, 12)
 """The letter counts of the sentiment words."""
 REVIEW_WORDS, SENTIMENT_WORDS = range(12, 17), range(5, 9)
+
+
+@dataclass(frozen=True)
+class ReviewShape:
+    """One family of reviews: its name, words per review, sentiment words per review, examples per class and split."""
+
+    family: str
+    review_words: range
+    sentiment_words: range
+    sizes: dict[str, int]
+    seed: int
+
+
+SHAPES: dict[str, ReviewShape] = {
+    FAMILY: ReviewShape(FAMILY, REVIEW_WORDS, SENTIMENT_WORDS, SIZES, SEED),
+    "sentiment_long": ReviewShape(
+        "sentiment_long", range(64, 81), range(36, 49), {"test": 100, "validation": 100, "training": 500}, SEED + 1
+    ),
+}
+"""The review families this module writes (the module docstring says why there are two)."""
 MAX_RATER_SD = 1.0
 MIN_STRATUM = 10
 """A (letters, tokens) pair is drawn only where every class has at least this many words (8 distinct at most)."""
@@ -202,9 +231,11 @@ def _in_band(picked: list[tuple[str, float]], polarity: int, low: float, high: f
     return _band_distance(picked, polarity, low, high) == 0.0
 
 
-def _review(rng: random.Random, label: str, pools, strata: tuple[list[Stratum], list[int]]) -> dict[str, Any]:
+def _review(
+    rng: random.Random, label: str, pools, strata: tuple[list[Stratum], list[int]], shape: ReviewShape
+) -> dict[str, Any]:
     polarity, intensity = LABELS[label]
-    total, count = rng.choice(REVIEW_WORDS), rng.choice(SENTIMENT_WORDS)
+    total, count = rng.choice(shape.review_words), rng.choice(shape.sentiment_words)
     lengths = rng.choices(strata[0], weights=strata[1], k=count)  # drawn before the class matters
     low, high = MEAN_BAND[intensity]
     picked = [rng.choice(pools[label][n]) for n in lengths]
@@ -217,11 +248,16 @@ def _review(rng: random.Random, label: str, pools, strata: tuple[list[Stratum], 
     words = [word for word, _ in picked] + rng.choices(FILLER, k=total - count)
     rng.shuffle(words)
     user, spans = compose([(PREFIX, False), (" ".join(words), True)])
-    return chat_row(SYSTEM, user, label, FAMILY, spans, label=label, mean_valence=round(mean, 3))
+    return chat_row(SYSTEM, user, label, shape.family, spans, label=label, mean_valence=round(mean, 3))
 
 
-def generate(seed: int = SEED, lexicon_file: Path | None = None) -> dict[str, list[dict[str, Any]]]:
-    """The rows of each split (``training``, ``validation``, ``test``), balanced over ``LABELS``; no prompt twice."""
+def generate(
+    seed: int | None = None, lexicon_file: Path | None = None, *, family: str = FAMILY
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows of each split (``training``, ``validation``, ``test``) of ``family`` (a ``SHAPES`` key), balanced
+    over ``LABELS``; no prompt twice. ``seed`` defaults to the family's own."""
+    shape = SHAPES[family]
+    seed = shape.seed if seed is None else seed
     lexicon = read_lexicon(lexicon_file)
     if overlap := sorted(set(FILLER) & set(lexicon)):
         raise RuntimeError(f"filler words {overlap} are VADER lexicon entries")
@@ -231,9 +267,11 @@ def generate(seed: int = SEED, lexicon_file: Path | None = None) -> dict[str, li
     seen: set[str] = set()
     result: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
     for label in LABELS:
-        rows = draw_unique(lambda label=label: _review(rng, label, pools, weights), sum(SIZES.values()), seen)
+        rows = draw_unique(
+            lambda label=label: _review(rng, label, pools, weights, shape), sum(shape.sizes.values()), seen
+        )
         start = 0
         for split in ("test", "validation", "training"):
-            result[split] += rows[start : start + SIZES[split]]
-            start += SIZES[split]
+            result[split] += rows[start : start + shape.sizes[split]]
+            start += shape.sizes[split]
     return {split: shuffled(rows, rng) for split, rows in result.items()}

@@ -34,6 +34,7 @@ __all__ = [
 
 TASK_FAMILIES: dict[str, str] = {
     "sentiment": "gist: a review's sentiment (terrible, bad, good, great) from the mean valence of 5-8 of its words",
+    "sentiment_long": "gist: the same four-way sentiment from 36-48 of a 64-80-word review's words (about 6.5x)",
     "support": "span: a ticket's category or an arithmetic answer; the customer's name, account, address private",
     "instructions": "negative control: eleven exact-answer tasks (data.instruction_set), every question token needed",
 }

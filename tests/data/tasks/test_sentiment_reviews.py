@@ -13,7 +13,8 @@ from nemo_noise_plugin.data.tasks import task_examples, task_files
 from tests.support.smollm2 import smollm2_hf_dir  # noqa: F401  (the session fixture)
 
 SPLITS = ("training", "validation", "test")
-PER_LABEL = {"training": 1000, "validation": 100, "test": 100}
+SHAPES = tuple(sentiment.SHAPES)
+"""``sentiment`` (12-16 words) and ``sentiment_long`` (64-80): the tests marked with ``shape`` hold for both."""
 
 
 @pytest.fixture(scope="module")
@@ -22,36 +23,41 @@ def lexicon():
     return sentiment.read_lexicon()
 
 
-def _reviews(split):
-    for example in task_examples("sentiment", split):
+def _reviews(split, family="sentiment"):
+    for example in task_examples(family, split):
         span = example["private_spans"][0]
         yield example, example["messages"][1]["content"][span["start"] : span["end"]]
 
 
-def test_every_split_is_balanced_over_the_four_label_words():
+@pytest.mark.parametrize("family", SHAPES)
+def test_every_split_is_balanced_over_the_four_label_words(family):
     assert tuple(sentiment.LABELS) == ("terrible", "bad", "good", "great")
     for split in SPLITS:
-        assert Counter(example["label"] for example in task_examples("sentiment", split)) == dict.fromkeys(
-            sentiment.LABELS, PER_LABEL[split]
+        assert Counter(example["label"] for example in task_examples(family, split)) == dict.fromkeys(
+            sentiment.LABELS, sentiment.SHAPES[family].sizes[split]
         )
 
 
-def test_the_instruction_and_prefix_are_the_same_for_every_class_and_the_span_is_the_whole_review():
+@pytest.mark.parametrize("family", SHAPES)
+def test_the_instruction_and_prefix_are_the_same_for_every_class_and_the_span_is_the_whole_review(family):
     for split in SPLITS:
-        for example, review in _reviews(split):
+        for example, review in _reviews(split, family):
             assert example["messages"][0]["content"] == sentiment.SYSTEM
             assert example["messages"][1]["content"] == "Review: " + review
             assert len(example["private_spans"]) == 1 and example["private_spans"][0]["start"] == 8
 
 
-def test_each_review_has_12_to_16_words_of_which_5_to_8_lexicon_words_the_rest_shared_filler(lexicon):
+@pytest.mark.parametrize(
+    ("family", "total", "count"), [("sentiment", (12, 16), (5, 8)), ("sentiment_long", (64, 80), (36, 48))]
+)
+def test_each_review_has_its_shapes_words_and_lexicon_words_the_rest_shared_filler(lexicon, family, total, count):
     filler = set(sentiment.FILLER)
     assert not filler & set(lexicon)
     for split in SPLITS:
-        for _, review in _reviews(split):
+        for _, review in _reviews(split, family):
             words = review.split()
             sentiment_words = [word for word in words if word not in filler]
-            assert 12 <= len(words) <= 16 and 5 <= len(sentiment_words) <= 8, review
+            assert total[0] <= len(words) <= total[1] and count[0] <= len(sentiment_words) <= count[1], review
             assert len(set(sentiment_words)) == len(sentiment_words) and all(w in lexicon for w in sentiment_words)
 
 
@@ -60,16 +66,17 @@ def test_the_filler_holds_no_vader_negation_or_booster():
     assert not set(sentiment.FILLER) & (set(module.NEGATE) | set(module.BOOSTER_DICT))
 
 
-def test_the_label_is_the_band_of_the_mean_valence_with_a_margin_of_0_9_and_one_polarity(lexicon):
+@pytest.mark.parametrize("family", SHAPES)
+def test_the_label_is_the_band_of_the_mean_valence_with_a_margin_of_0_9_and_one_polarity(lexicon, family):
     filler = set(sentiment.FILLER)
     means = defaultdict(list)
     for split in SPLITS:
-        for example, review in _reviews(split):
+        for example, review in _reviews(split, family):
             valences = [lexicon[word][0] for word in review.split() if word not in filler]
             polarity, intensity = sentiment.LABELS[example["label"]]
             assert all(polarity * valence > 0 for valence in valences), review
             mean = statistics.mean(valences)
-            assert round(mean, 3) == example["mean_valence"]
+            assert abs(mean - example["mean_valence"]) <= 0.0005 + 1e-9  # rounded to 3 places
             means[example["label"]].append(polarity * mean)
     assert max(means["bad"]) <= 1.2 + 1e-9 and max(means["good"]) <= 1.2 + 1e-9
     assert min(means["terrible"]) >= 2.1 - 1e-9 and min(means["great"]) >= 2.1 - 1e-9
@@ -117,10 +124,11 @@ def _majority_lookup_accuracy(feature, train, held_out):
     return sum(hits) / len(hits)
 
 
-def test_a_classifier_on_template_features_is_at_chance_and_one_on_the_mean_valence_is_perfect():
+@pytest.mark.parametrize("family", SHAPES)
+def test_a_classifier_on_template_features_is_at_chance_and_one_on_the_mean_valence_is_perfect(family):
     word_tokens = sentiment.read_word_tokens()
-    train = list(_reviews("training"))
-    held_out = list(_reviews("validation")) + list(_reviews("test"))
+    train = list(_reviews("training", family))
+    held_out = list(_reviews("validation", family)) + list(_reviews("test", family))
     for name, feature in {
         "characters": lambda e, r: len(r) // 4,
         "words": lambda e, r: len(r.split()),

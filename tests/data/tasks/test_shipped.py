@@ -22,8 +22,9 @@ from nemo_noise_plugin.data.tasks import (
 from nemo_noise_plugin.validation import SettingError
 
 SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "make_task_data.py"
-GENERATED = ("sentiment", "support")
+GENERATED = ("sentiment", "sentiment_long", "support")
 SIZES = {"training": 4000, "validation": 400, "test": 400}
+FAMILY_SIZES = {family: SIZES for family in GENERATED} | {"sentiment_long": {**SIZES, "training": 2000}}
 
 
 def _prompts(family, split):
@@ -43,15 +44,15 @@ def test_the_script_rewrites_the_shipped_files_byte_for_byte(tmp_path):
 
 
 @pytest.mark.parametrize("family", GENERATED)
-def test_each_family_has_4000_400_400_examples_in_under_2_mb_a_split(family):
-    assert {split: len(task_examples(family, split)) for split in SIZES} == SIZES
+def test_each_family_has_4000_or_2000_400_400_examples_in_under_2_mb_a_split(family):
+    assert {split: len(task_examples(family, split)) for split in SIZES} == FAMILY_SIZES[family]
     assert all(task_files(family)[split].stat().st_size < 2_100_000 for split in SIZES)
 
 
 @pytest.mark.parametrize("family", GENERATED)
 def test_no_user_prompt_appears_twice_in_or_across_the_splits_and_canaries(family):
     every = [prompt for split in task_files(family) for prompt in _prompts(family, split)]
-    assert len(every) == len(set(every)) == sum(SIZES.values()) + (64 if family == "support" else 0)
+    assert len(every) == len(set(every)) == sum(FAMILY_SIZES[family].values()) + (64 if family == "support" else 0)
 
 
 @pytest.mark.parametrize("family", GENERATED)
@@ -69,13 +70,15 @@ def test_every_example_is_a_chat_with_sorted_disjoint_spans_on_the_user_message(
 
 
 def test_the_negative_control_is_the_unchanged_instruction_set():
-    assert tuple(TASK_FAMILIES) == ("sentiment", "support", "instructions")
+    assert tuple(TASK_FAMILIES) == ("sentiment", "sentiment_long", "support", "instructions")
     assert task_files("instructions") == instruction_files()
     assert "private_spans" not in task_examples("instructions", "test")[0]
 
 
 def test_an_unknown_family_or_split_names_the_setting():
-    with pytest.raises(SettingError, match="family='reviews' is invalid: expected one of sentiment, support, instr"):
+    with pytest.raises(
+        SettingError, match="family='reviews' is invalid: expected one of sentiment, sentiment_long, su"
+    ):
         task_files("reviews")
     with pytest.raises(SettingError, match="split='canaries' is invalid: expected one of training, validation, test"):
         task_examples("sentiment", "canaries")
