@@ -152,7 +152,9 @@ class TrlRunner:
         for index in range(total_steps):
             for batch in batches.step(index):
                 labels = hf_labels(batch)
-                rows += [dict(input_ids=t.tolist(), labels=y.tolist()) for t, y in zip(batch["tokens"], labels)]
+                rows += [
+                    dict(input_ids=t.tolist(), labels=y.tolist()) for t, y in zip(batch["tokens"], labels, strict=True)
+                ]
         self._gate: queue.Queue[int | None] = queue.Queue()
         self._ends: queue.Queue[tuple[float, float] | BaseException] = queue.Queue()
         outer, pending = self, []
@@ -300,7 +302,7 @@ class PluginGpuRunner:
         mark = time.perf_counter()
         self.run.steps(count)
         marks = [mark, *self.ends]
-        return [b - a for a, b in zip(marks, marks[1:])]
+        return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
 class PluginCpuRunner(Timed):

@@ -282,8 +282,9 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
 def summary_table(args, settings, all_tokens: float, answer_tokens: float, results: dict) -> str:
     """The markdown table: step time, tokens/s, ratio to plugin_off, peak memory, first and last losses."""
     lines = [
-        f"{args.model}: seq {settings['seq']}, global batch {settings['global_batch']} (micro {settings['micro_batch']}),"
-        f" ~{all_tokens:.0f} tokens ({answer_tokens:.0f} answer) per step; {settings['repeats']} interleaved repeats x "
+        f"{args.model}: seq {settings['seq']}, global batch {settings['global_batch']} "
+        f"(micro {settings['micro_batch']}), ~{all_tokens:.0f} tokens ({answer_tokens:.0f} answer) per step; "
+        f"{settings['repeats']} interleaved repeats x "
         f"{settings['steps']} steps (first {settings['discard']} dropped), NEFTune alpha {args.alpha}",
         "",
         "| runner | step (ms) | tokens/s | answer tokens/s | vs plugin_off | peak GiB | loss first -> last 3 |",
