@@ -20,8 +20,10 @@ kept: runners on the same weights and batches should agree within the noise's sp
     python benchmarks/sft_throughput.py --model llama-1b --hf-path DIR --out results/sft_llama1b  # ~3 min
     python benchmarks/sft_throughput.py --model tiny --hf-path DIR --device cpu ...                # the CPU smoke test
 
-``--hf-path``: the SmolLM2 HF folder (``scripts/fetch_smollm2.py``); for ``llama-1b`` only its tokenizer is used
-(TRL's pad id), the model is the Llama-3.2-1B architecture at random initialisation.
+``--hf-path``: the SmolLM2 HF folder (``scripts/fetch_smollm2.py``). ``llama-1b``: the Llama-3.2-1B architecture at
+random initialisation, saved once as an HF folder (with SmolLM2's tokenizer, for TRL's pad id) that every runner
+loads (the plugin through AutoBridge, as SmolLM2), trained on random tokens over the whole 2048 positions (the
+instruction examples are ~80 tokens: at 2048 they would measure padding).
 """
 
 from __future__ import annotations
@@ -66,38 +68,35 @@ PRESETS = {  # seq, global batch, micro-batch, lr, repeats, steps, discard, warm
 BASELINE, CONTROL = "plugin_off", "plugin_off_again"
 
 
-def plugin_config(model: str, hf_path: str, settings: dict, alpha: float | None, device: str):
-    """The plugin's provider (noise ``alpha`` or disabled) and its Bridge config with this benchmark's schedule."""
+def plugin_config(model: str, model_path: str, settings: dict, alpha: float | None):
+    """The plugin's provider of the HF folder ``model_path`` (its weights; noise ``alpha`` or disabled) and its Bridge
+    config: the SFT recipe's (instruction data) for SmolLM2, the small-GPT recipe's (mock data) for ``llama-1b``,
+    with this benchmark's schedule (constant lr, no warm-up, no evaluation, no checkpoints)."""
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.recipes.common import bf16_settings, local_spec_settings, noisy_provider
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
+    from nemo_noise_plugin.recipes.tiny import small_gpt_config
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
     noise = NoiseConfig(alpha=alpha) if alpha else NoiseConfig(enabled=False)
     auto_bridge = import_bridge("megatron.bridge").AutoBridge
+    source = auto_bridge.from_hf_pretrained(model_path).to_megatron_provider(load_weights=True)
+    provider = noisy_provider(source, noise)
+    for name, value in local_spec_settings().items():
+        setattr(provider, name, value)
     run_dir = tempfile.mkdtemp(prefix="sft_throughput-")
     sizes = dict(global_batch_size=settings["global_batch"], micro_batch_size=settings["micro_batch"])
     if model == "llama-1b":
-        from transformers import LlamaConfig
-
-        from nemo_noise_plugin.recipes.tiny import small_gpt_config
-
-        source = auto_bridge.from_hf_config(LlamaConfig(**LLAMA_1B)).to_megatron_provider(load_weights=False)
-        provider = noisy_provider(source, noise)
-        for name, value in {**local_spec_settings(), **bf16_settings(), "seq_length": settings["seq"]}.items():
+        for name, value in {**bf16_settings(), "seq_length": settings["seq"]}.items():
             setattr(provider, name, value)
         config = small_gpt_config(
             provider, run_dir=run_dir, train_iters=0, seq_length=settings["seq"], lr=settings["lr"], data="mock",
-            vocab_size=LLAMA_1B["vocab_size"],
+            vocab_size=provider.vocab_size,
         )  # fmt: skip
         config.train.global_batch_size, config.train.micro_batch_size = sizes.values()
     else:
-        source = auto_bridge.from_hf_pretrained(hf_path).to_megatron_provider(load_weights=True)
-        provider = noisy_provider(source, noise)
-        for name, value in local_spec_settings().items():
-            setattr(provider, name, value)
         config = instruction_finetuning_config(
-            provider, hf_path, run_dir=run_dir, train_iters=0, seq_length=settings["seq"], lr=settings["lr"],
+            provider, model_path, run_dir=run_dir, train_iters=0, seq_length=settings["seq"], lr=settings["lr"],
             packed_sequence_size=None, **sizes,
         )  # fmt: skip
     config.validation.eval_interval, config.validation.eval_iters = 10_000, 0
@@ -108,13 +107,26 @@ def plugin_config(model: str, hf_path: str, settings: dict, alpha: float | None,
     return config
 
 
+def random_llama_folder(tokenizer_path: str, dims: dict | None = None) -> str:
+    """An HF folder (in a temporary directory) of the Llama-3.2-1B architecture at random initialisation (seed 1234,
+    bf16 on disk) with ``tokenizer_path``'s tokenizer: every runner of ``llama-1b`` starts from these weights."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tempfile.mkdtemp(prefix="sft_throughput-llama-")
+    torch.manual_seed(1234)
+    LlamaForCausalLM(LlamaConfig(**(dims or LLAMA_1B))).to(torch.bfloat16).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(folder)
+    return folder
+
+
 def instruction_batches(hf_path: str, settings: dict, count: int) -> list[dict]:
     """``count`` micro-batches of the shipped instruction set through the recipe's Bridge finetuning pipeline
     (chat template, answer-only loss mask), consecutive samples from the first, on the host."""
     from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, setup_tokenizer
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
-    config = plugin_config("smollm2", hf_path, settings, None, "cpu")
+    config = plugin_config("smollm2", hf_path, settings, None)
     state = import_bridge("megatron.bridge.training.state").GlobalState()
     state.cfg = config
     setup_tokenizer(state)
@@ -123,15 +135,12 @@ def instruction_batches(hf_path: str, settings: dict, count: int) -> list[dict]:
     return collate(train, count, settings["micro_batch"], None, "cpu")
 
 
-def hf_model(model: str, hf_path: str):
-    """The transformers model of the TRL and plain runners: the HF folder's weights, or Llama-3.2-1B at random."""
+def hf_model(model_path: str):
+    """The transformers model of the TRL and plain runners: the HF folder's weights, in float32 (bf16 autocast)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(1234)
-    if model == "llama-1b":
-        return AutoModelForCausalLM.from_config(LlamaConfig(**LLAMA_1B), dtype=torch.float32)
-    return AutoModelForCausalLM.from_pretrained(hf_path, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
 
 
 def runner_builders(args, settings: dict, batches: Batches, total: int) -> dict:
@@ -143,13 +152,13 @@ def runner_builders(args, settings: dict, batches: Batches, total: int) -> dict:
         if args.device == "cuda":
 
             def build(name=name, alpha=alpha):
-                config = plugin_config(args.model, args.hf_path, settings, alpha, "cuda")
+                config = plugin_config(args.model, args.model_path, settings, alpha)
                 return PluginGpuRunner(name, 2 * total, lambda mode: (config.model, noise_forward_step),
                                        lambda provider: config, batches)  # fmt: skip
         else:
 
             def build(alpha=alpha):
-                config = plugin_config(args.model, args.hf_path, settings, alpha, "cpu")
+                config = plugin_config(args.model, args.model_path, settings, alpha)
                 return PluginCpuRunner(config, noise_forward_step, batches, settings["lr"])
 
         builders[name] = build
@@ -164,11 +173,11 @@ def runner_builders(args, settings: dict, batches: Batches, total: int) -> dict:
         for name, alpha in (("trl_off", None), ("trl_on", args.alpha)):
 
             def build(alpha=alpha):
-                model = hf_model(args.model, args.hf_path)
+                model = hf_model(args.model_path)
                 return TrlRunner(model, tokenizer, batches, total + 1, settings["lr"], alpha, args.device)
 
             builders[name] = build
-    builders["plain"] = lambda: PlainRunner(hf_model(args.model, args.hf_path), batches, settings["lr"], args.device)
+    builders["plain"] = lambda: PlainRunner(hf_model(args.model_path), batches, settings["lr"], args.device)
     return builders
 
 
@@ -207,6 +216,7 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("seq", "global_batch", "micro_batch", "repeats", "steps", "discard", "warm"):
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help="default: the --model preset's")
     parser.add_argument("--lr", type=float, help="default: the --model preset's")
+    parser.add_argument("--runners", help="comma-separated subset of plugin_on,trl_off,trl_on,plain (plugin_off runs)")
     args = parser.parse_args(argv)
     settings = {key: getattr(args, key) if getattr(args, key) is not None else value
                 for key, value in PRESETS[args.model].items()}  # fmt: skip
@@ -223,13 +233,17 @@ def main(argv: list[str] | None = None) -> dict:
     micro = settings["global_batch"] // settings["micro_batch"]
     total = settings["warm"] + settings["repeats"] * settings["steps"]
     count = 2 * total * micro  # the A/A control's runner takes twice the steps
+    args.model_path = args.hf_path
     if args.model == "llama-1b":
+        args.model_path = random_llama_folder(args.hf_path, LLAMA_1B)
         rows = synthetic_batches(count, settings["micro_batch"], settings["seq"], LLAMA_1B["vocab_size"])
     else:
         rows = instruction_batches(args.hf_path, settings, count)
     batches = Batches(rows, micro)
     runners, resident = {}, {}
-    for name, build in runner_builders(args, settings, batches, total).items():
+    builders = runner_builders(args, settings, batches, total)
+    wanted = {BASELINE, *(args.runners.split(",") if args.runners else builders)}
+    for name, build in [(name, build) for name, build in builders.items() if name in wanted]:
         before = allocated(args.device)
         runners[name] = Metered(build(), args.device)
         runners[name].steps(settings["warm"]) if settings["warm"] else None
