@@ -61,8 +61,8 @@ LLAMA_1B = dict(
     rms_norm_eps=1e-5,
 )
 PRESETS = {  # seq, global batch, micro-batch, lr, repeats, steps, discard, warm-up steps
-    "smollm2": dict(seq=128, global_batch=8, micro_batch=4, lr=1e-4, repeats=5, steps=6, discard=2, warm=3),
-    "llama-1b": dict(seq=2048, global_batch=8, micro_batch=2, lr=3e-4, repeats=3, steps=4, discard=1, warm=2),
+    "smollm2": dict(seq=128, global_batch=8, micro_batch=4, lr=1e-4, repeats=7, steps=8, discard=2, warm=3),
+    "llama-1b": dict(seq=2048, global_batch=8, micro_batch=2, lr=3e-4, repeats=4, steps=4, discard=1, warm=2),
     "tiny": dict(seq=128, global_batch=4, micro_batch=2, lr=1e-3, repeats=1, steps=2, discard=0, warm=0),
 }
 BASELINE, CONTROL = "plugin_off", "plugin_off_again"

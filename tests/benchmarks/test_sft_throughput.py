@@ -68,3 +68,17 @@ def test_trl_starts_from_the_plain_loss(results):
     first = found["plain"]["losses"][0]
     assert found["trl_off"]["losses"][0] == pytest.approx(first, rel=2e-2)  # its last target per row is unscored
     assert found["trl_on"]["losses"][0] != pytest.approx(found["trl_off"]["losses"][0], rel=1e-6)
+
+
+def test_the_llama_path_starts_plugin_and_plain_from_the_same_random_weights(tiny_llama_dir, tmp_path, monkeypatch):
+    dims = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    dims |= dict(intermediate_size=128, vocab_size=512, max_position_embeddings=128, tie_word_embeddings=True)
+    monkeypatch.setattr(sft_throughput, "LLAMA_1B", dims)
+    arguments = ["--model", "llama-1b", "--hf-path", str(tiny_llama_dir), "--device", "cpu", "--out", str(tmp_path)]
+    arguments += ["--seq", "32", "--global-batch", "4", "--micro-batch", "2", "--steps", "2", "--repeats", "1"]
+    found = sft_throughput.main([*arguments, "--discard", "0", "--warm", "0", "--runners", "plain"])
+    assert set(found) == {"plugin_off", "plugin_off_again", "plain"}
+    assert found["plain"]["tokens_per_step"] == [4 * 32, 4 * 32]  # random tokens: every position scored
+    assert found["plain"]["answer_tokens_per_step"] == found["plain"]["tokens_per_step"]
+    assert found["plugin_off"]["losses"][:2] == pytest.approx(found["plain"]["losses"], rel=1e-4)
+    assert found["plain"]["losses"][0] == pytest.approx(math.log(512), rel=0.05)  # random init: ~ln(vocab)
