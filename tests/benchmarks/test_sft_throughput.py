@@ -1,0 +1,84 @@
+"""CPU smoke test of ``benchmarks/sft_throughput.py``: a tiny Llama, 2 steps of each runner, one JSON per runner.
+
+The plugin runs its CPU flavour (its provider and forward step; Bridge's loop needs CUDA), the plain loop and, when
+trl is installed, TRL's SFTTrainer. All start from the same HF weights and see the same first batch, so their first
+losses agree (one micro-batch per step makes Megatron's per-microbatch mean and TRL's global mean the same).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import sft_throughput
+from tests.support.chat_sft import VOCAB_SIZE, write_chat_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_dir(tmp_path_factory):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+        vocab_size=VOCAB_SIZE, max_position_embeddings=128, tie_word_embeddings=True, bos_token_id=1,
+        eos_token_id=2, pad_token_id=2,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(folder)
+    write_chat_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def results(tiny_llama_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sft_out")
+    arguments = ["--model", "tiny", "--hf-path", str(tiny_llama_dir), "--device", "cpu", "--out", str(out)]
+    arguments += ["--global-batch", "2", "--micro-batch", "2", "--steps", "2", "--repeats", "1", "--discard", "0"]
+    return sft_throughput.main(arguments), out
+
+
+def test_every_runner_writes_its_json_with_two_losses_per_slot(results):
+    found, out = results
+    expected = {"plugin_off", "plugin_off_again", "plugin_on", "plain"}
+    assert expected <= set(found)
+    for name in found:
+        saved = json.loads((out / f"{name}.json").read_text())
+        assert len(saved["step_seconds_per_repeat"]) == 1 and len(saved["step_seconds_per_repeat"][0]) == 2
+        assert saved["tokens_per_s"] > saved["answer_tokens_per_s"] > 0
+    assert len(found["plugin_off"]["losses"]) == 4  # its own slot and the A/A control's
+    assert len(found["plain"]["losses"]) == 2
+    assert (out / "summary.md").read_text().count("| `") == len(found)
+
+
+def test_plugin_and_plain_start_from_the_same_loss(results):
+    found, _ = results
+    first = found["plain"]["losses"][0]
+    assert math.isfinite(first) and first > 1.0
+    assert found["plugin_off"]["losses"][0] == pytest.approx(first, rel=1e-4)
+    assert found["plugin_on"]["losses"][0] != pytest.approx(first, rel=1e-6)  # NEFTune noise changes the forward
+
+
+def test_trl_starts_from_the_plain_loss(results):
+    pytest.importorskip("trl")
+    found, _ = results
+    first = found["plain"]["losses"][0]
+    assert found["trl_off"]["losses"][0] == pytest.approx(first, rel=2e-2)  # its last target per row is unscored
+    assert found["trl_on"]["losses"][0] != pytest.approx(found["trl_off"]["losses"][0], rel=1e-6)
+
+
+def test_the_llama_path_starts_plugin_and_plain_from_the_same_random_weights(tiny_llama_dir, tmp_path, monkeypatch):
+    dims = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    dims |= dict(intermediate_size=128, vocab_size=512, max_position_embeddings=128, tie_word_embeddings=True)
+    monkeypatch.setattr(sft_throughput, "LLAMA_1B", dims)
+    arguments = ["--model", "llama-1b", "--hf-path", str(tiny_llama_dir), "--device", "cpu", "--out", str(tmp_path)]
+    arguments += ["--seq", "32", "--global-batch", "4", "--micro-batch", "2", "--steps", "2", "--repeats", "1"]
+    found = sft_throughput.main([*arguments, "--discard", "0", "--warm", "0", "--runners", "plain"])
+    assert set(found) == {"plugin_off", "plugin_off_again", "plain"}
+    assert found["plain"]["tokens_per_step"] == [4 * 32, 4 * 32]  # random tokens: every position scored
+    assert found["plain"]["answer_tokens_per_step"] == found["plain"]["tokens_per_step"]
+    assert found["plugin_off"]["losses"][:2] == pytest.approx(found["plain"]["losses"], rel=1e-4)
+    assert found["plain"]["losses"][0] == pytest.approx(math.log(512), rel=0.05)  # random init: ~ln(vocab)
