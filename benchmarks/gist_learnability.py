@@ -57,17 +57,35 @@ def padded(reviews: list[tuple[list[int], str]], labels: list[str]) -> tuple[tor
     return ids, mask, torch.tensor([labels.index(label) for _, label in reviews])
 
 
-class Learner(torch.nn.Module):
-    """``probe``: linear on the masked mean of the inputs; ``mlp``: a per-token MLP, masked mean, then linear."""
+class Posterior(torch.nn.Module):
+    """Each token's posterior over ``rows`` (uniform prior) under the Gaussian density of scale ``sigma``."""
 
-    def __init__(self, kind: str, hidden: int, classes: int) -> None:
+    def __init__(self, rows: torch.Tensor, sigma: float) -> None:
         super().__init__()
-        self.token = (
-            torch.nn.Sequential(torch.nn.Linear(hidden, 128), torch.nn.GELU(), torch.nn.Linear(128, 128))
-            if kind == "mlp"
-            else torch.nn.Identity()
-        )
-        self.head = torch.nn.Linear(128 if kind == "mlp" else hidden, classes)
+        self.register_buffer("rows", rows)
+        self.sigma = sigma
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        flat = inputs.reshape(-1, inputs.size(-1))
+        scores = -torch.cdist(flat, self.rows).pow(2) / (2 * self.sigma**2)
+        return scores.softmax(-1).reshape(*inputs.shape[:-1], -1)
+
+
+class Learner(torch.nn.Module):
+    """``probe``: linear on the masked mean of the inputs; ``mlp``: a per-token MLP, masked mean, then linear;
+    ``posterior``: each token's posterior over the training split's token rows (the structure the Bayes bound
+    knows: a noised table row), masked mean, then linear (multinomial naive Bayes with learned weights)."""
+
+    def __init__(self, kind: str, hidden: int, classes: int, rows: torch.Tensor | None = None, sigma: float = 1.0):
+        super().__init__()
+        if kind == "mlp":
+            self.token = torch.nn.Sequential(torch.nn.Linear(hidden, 128), torch.nn.GELU(), torch.nn.Linear(128, 128))
+            width = 128
+        elif kind == "posterior":
+            self.token, width = Posterior(rows, sigma), rows.size(0)
+        else:
+            self.token, width = torch.nn.Identity(), hidden
+        self.head = torch.nn.Linear(width, classes)
 
     def forward(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         pooled = (self.token(inputs) * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
@@ -75,16 +93,26 @@ class Learner(torch.nn.Module):
 
 
 def train_and_score(
-    kind: str, table: torch.Tensor, train, test_inputs: torch.Tensor, test, sigma: float, *, noisy: bool, seed: int
+    kind: str,
+    table: torch.Tensor,
+    train,
+    test_inputs: torch.Tensor,
+    test,
+    sigma: float,
+    *,
+    noisy: bool,
+    seed: int,
+    checkpoints: tuple[int, ...] = CHECKPOINTS,
 ) -> dict[str, float]:
-    """Accuracy on ``test_inputs`` (already noised) after each of ``CHECKPOINTS`` steps."""
+    """Accuracy on ``test_inputs`` (already noised) after each of ``checkpoints`` steps."""
     ids, mask, labels = train
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    learner = Learner(kind, table.size(1), int(labels.max()) + 1)
-    optimizer = torch.optim.AdamW(learner.parameters(), lr=1e-2 if kind == "probe" else 3e-3)
+    rows = table[torch.unique(ids[mask.bool()])] if kind == "posterior" else None
+    learner = Learner(kind, table.size(1), int(labels.max()) + 1, rows, sigma)
+    optimizer = torch.optim.AdamW(learner.parameters(), lr=3e-3 if kind == "mlp" else 1e-2)
     scores = {}
-    for step in range(1, max(CHECKPOINTS) + 1):
+    for step in range(1, max(checkpoints) + 1):
         rows = torch.randint(0, ids.size(0), (BATCH,), generator=generator)
         inputs = table[ids[rows]]
         if noisy:
@@ -93,7 +121,7 @@ def train_and_score(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step in CHECKPOINTS:
+        if step in checkpoints:
             with torch.no_grad():
                 predicted = learner(test_inputs, test[1]).argmax(-1)
             scores[str(step)] = float((predicted == test[2]).float().mean())
@@ -106,6 +134,9 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--families", default=",".join(LEVELS))
+    parser.add_argument("--learners", default="probe,mlp")
+    parser.add_argument("--max-steps", type=int, default=max(CHECKPOINTS))
+    parser.add_argument("--levels", help="only these eps (comma-separated)")
     args = parser.parse_args()
     import safetensors.torch
     import transformers
@@ -118,21 +149,38 @@ def main() -> None:
     table = next(v for k, v in weights.items() if k.endswith("embed_tokens.weight")).float()
     clipped = table * (CLIP_NORM / table.norm(dim=1, keepdim=True)).clamp(max=1.0)
     seeds = [int(s) for s in args.seeds.split(",")]
-    results = []
+    summary = {"clip_norm": CLIP_NORM, "batch": BATCH, "seeds": seeds, "eval_noise_seed": EVAL_NOISE_SEED}
+    results = json.loads(Path(args.json).read_text())["results"] if args.json and Path(args.json).exists() else []
+
+    def done(family: str, epsilon: float, kind: str, training: str, steps: tuple[int, ...]) -> bool:
+        """Whether the JSON already holds this run at these steps (a rerun adds only what is missing)."""
+        return any(
+            (r["family"], r["epsilon"], r["learner"], r["training"]) == (family, epsilon, kind, training)
+            and set(map(str, steps)) <= set(r["accuracy_by_step"])
+            for r in results
+        )
+
     for family in args.families.split(","):
         train_reviews = review_tokens(tokenizer, task_examples(family, "training"))
         test_reviews = review_tokens(tokenizer, task_examples(family, "test"))
         labels = sorted({label for _, label in train_reviews})
         train, test = padded(train_reviews, labels), padded(test_reviews, labels)
-        for epsilon in LEVELS[family]:
+        wanted = [float(e) for e in args.levels.split(",")] if args.levels else LEVELS[family]
+        checkpoints = tuple(step for step in CHECKPOINTS if step <= args.max_steps)
+        for epsilon in wanted:
             sigma = gaussian_sigma(epsilon, CLIP_NORM)
             noise = torch.randn(*test[0].shape, table.size(1), generator=torch.Generator().manual_seed(EVAL_NOISE_SEED))
             test_noised = clipped[test[0]] + sigma * noise
-            for kind in ("probe", "mlp"):
+            for kind in args.learners.split(","):
                 for noisy in (True, False):
+                    training = "noise-aware" if noisy else "clean (plain baseline)"
+                    if done(family, epsilon, kind, training, checkpoints):
+                        continue
                     started = time.perf_counter()
                     runs = [
-                        train_and_score(kind, clipped, train, test_noised, test, sigma, noisy=noisy, seed=s)
+                        train_and_score(
+                            kind, clipped, train, test_noised, test, sigma, noisy=noisy, seed=s, checkpoints=checkpoints
+                        )
                         for s in seeds
                     ]
                     entry = {
@@ -140,7 +188,7 @@ def main() -> None:
                         "epsilon": epsilon,
                         "sigma": sigma,
                         "learner": kind,
-                        "training": "noise-aware" if noisy else "clean (plain baseline)",
+                        "training": training,
                         "accuracy_by_step": {
                             step: {
                                 "mean": statistics.fmean(r[step] for r in runs),
@@ -153,9 +201,8 @@ def main() -> None:
                     }
                     results.append(entry)
                     print(json.dumps(entry), flush=True)
-    summary = {"clip_norm": CLIP_NORM, "batch": BATCH, "seeds": seeds, "eval_noise_seed": EVAL_NOISE_SEED}
-    if args.json:
-        Path(args.json).write_text(json.dumps({**summary, "results": results}, indent=1) + "\n")
+                    if args.json:  # after every run: an interrupted sweep keeps what it measured
+                        Path(args.json).write_text(json.dumps({**summary, "results": results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

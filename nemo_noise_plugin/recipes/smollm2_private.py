@@ -63,9 +63,9 @@ def private_task_finetuning_config(
     seed: int = 1234,
 ):
     """A Bridge ``ConfigContainer`` that fine-tunes ``provider`` on the shipped task family ``task`` (``sentiment``,
-    ``sentiment_long`` or ``support``) with its private spans: ``common.finetuning_config`` with ``PrivateSpanSFTDatasetConfig`` over a
-    copy of the family's files under ``run_dir/data`` (the test split built too, for the task report), bf16, two
-    warm-up steps. Example::
+    ``sentiment_long`` or ``support``) with its private spans: ``common.finetuning_config`` with
+    ``PrivateSpanSFTDatasetConfig`` over a copy of the family's files under ``run_dir/data`` (the test split built
+    too, for the task report), bf16, two warm-up steps. Example::
 
         config = private_task_finetuning_config(provider, "/models/smollm2", task="support", run_dir="runs/x",
                                                 train_iters=100, seq_length=128, lr=2e-4,
