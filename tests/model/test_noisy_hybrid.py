@@ -326,7 +326,7 @@ def test_megatron_hybrid_model_still_lacks_preprocess_and_build_schedule_plan():
 
 
 def test_a_noisy_hybrid_model_builds_the_plugins_hybrid_schedule_plan(megatron_cpu, batch):
-    """Upstream has none (above); the plugin's plan itself is tested in tests/schedule_plan/test_hybrid_schedule_plan.py."""
+    """Upstream has none (above); the plan itself: tests/schedule_plan/test_hybrid_schedule_plan.py."""
     from nemo_noise_plugin.schedule_plan.hybrid import NoisyHybridModelChunkSchedulePlan
 
     _, noisy = _pair(NoiseConfig(alpha=5.0))
