@@ -49,7 +49,7 @@ def hybrid_moe_settings(pattern: str, *, final_norm: bool = False, **overrides: 
 
     from nemo_noise_plugin.providers.hybrid import local_hybrid_stack_spec
 
-    settings = moe_settings(**overrides)
+    settings = moe_settings()
     for gpt_only in ("num_layers", "transformer_layer_spec"):
         settings.pop(gpt_only, None)
     settings.update(
@@ -58,6 +58,7 @@ def hybrid_moe_settings(pattern: str, *, final_norm: bool = False, **overrides: 
         attention_backend=AttnBackend.local,
         position_embedding_type="rope",
     )
+    settings.update(overrides)  # last, so that hybrid_stack_spec=None (Bridge's default spec) is kept
     return settings
 
 
