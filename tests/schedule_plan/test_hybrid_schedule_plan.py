@@ -175,8 +175,9 @@ def test_a_pattern_the_plan_cannot_split_is_a_setting_error_at_finalize(plan_cpu
         assert "its M layers have no all-to-all split" in str(caught.value) and "CUDA kernels" in str(caught.value)
 
 
-def test_a_built_hybrid_model_with_mamba_layers_is_refused_by_build_schedule_plan(plan_cpu):
-    """The model-level check (a model built elsewhere): by its pattern, before any plan node is made."""
+def test_the_plans_pattern_check_names_mamba_layers_and_accepts_pipeline_stages(plan_cpu):
+    """The check ``build_schedule_plan`` runs on a built chunk's pattern (``check_hybrid_schedule_plan``); a Mamba
+    layer cannot be built on a CPU, so the pattern check is called directly."""
     from nemo_noise_plugin.schedule_plan.hybrid import check_schedule_plan_pattern
 
     with pytest.raises(SettingError, match=r"NoisyHybridModel\.hybrid_layer_pattern='M\*M\*E' is invalid .*its M"):
