@@ -8,7 +8,8 @@ returns the six-tuple that Megatron-Core's schedule-plan ``PreProcessNode`` unpa
 embedding to ``HybridModel.forward`` as its ``decoder_input``. While no noise is due (disabled, zero, eval with
 ``training_only``, a caller-supplied ``decoder_input``, or a stage without ``pre_process``) ``forward`` is
 ``HybridModel.forward`` untouched. Multi-token-prediction embeddings are never noised: the MTP block calls the
-embedding module directly. See ``docs/hybrid_model.md``.
+embedding module directly. ``_postprocess`` (``schedule_plan.hybrid.hybrid_postprocess``) and the plugin's
+``build_schedule_plan`` give the model the fine-grained schedule plan. See ``docs/hybrid_model.md``.
 """
 
 from __future__ import annotations
@@ -16,18 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from megatron.core import tensor_parallel
-from megatron.core.inference.utils import InferenceMode
 from megatron.core.models.hybrid.hybrid_model import HybridModel
-from megatron.core.utils import is_using_quantization_scales
 
 from nemo_noise_plugin.model.mixin import NoiseInjectionMixin
 from nemo_noise_plugin.noise.config import NoiseConfig
+from nemo_noise_plugin.schedule_plan.hybrid import PreprocessOutput, hybrid_postprocess, hybrid_preprocess
 
 __all__ = ["NoisyHybridModel", "noisy_hybrid_class_for"]
-
-PreprocessOutput = tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, torch.Tensor | None]
-"""``(decoder_input, rotary_pos_emb, rotary_pos_cos, rotary_pos_sin, sequence_len_offset, padding_mask)``."""
 
 
 class NoisyHybridModel(NoiseInjectionMixin, HybridModel):
@@ -97,42 +93,31 @@ class NoisyHybridModel(NoiseInjectionMixin, HybridModel):
 
         Same signature and return value as ``GPTModel._preprocess``, so Megatron-Core's ``PreProcessNode``
         (``models/common/utils.py:150``) can call it; ``padding_mask`` is returned unchanged, as
-        ``HybridModel.forward`` hands it to its decoder unchanged.
+        ``HybridModel.forward`` hands it to its decoder unchanged. The embedding and rotary code is
+        ``schedule_plan.hybrid.hybrid_preprocess``; the noise goes on the embedding output there.
         """
-        if decoder_input is None and self.pre_process:
-            # HybridModel.forward, megatron-core 0.19.2 hybrid_model.py:455-473.
-            decoder_input = self.embedding(input_ids=input_ids, position_ids=position_ids)
-            if (
-                InferenceMode.is_active()
-                and inference_context is not None
-                and inference_context.is_dynamic_batching()
-                and is_using_quantization_scales(self.config)
-            ):
-                decoder_input[inference_context.padding_slice] = 0.0
-            if self.config.sequence_parallel and not self.embedding.scatter_to_sequence_parallel:
-                decoder_input = tensor_parallel.scatter_to_sequence_parallel_region(
-                    decoder_input, group=self.pg_collection.tp
-                )
-            if self.noise_active:
-                decoder_input = self.noise_decoder_input(decoder_input, input_ids, padding_mask, packed_seq_params)
+        add_noise = None
+        if self.noise_active:
 
-        # HybridModel.forward, hybrid_model.py:479-496.
-        rotary_pos_emb = None
-        packed = packed_seq_params is not None and packed_seq_params.qkv_format == "thd"
-        if self.position_embedding_type == "rope" and not self.config.multi_latent_attention:
-            rotary_seq_len = self.rotary_pos_emb.get_rotary_seq_len(
-                inference_context, self.decoder, decoder_input, self.config, packed_seq_params
-            )
-            rotary_pos_emb = self.rotary_pos_emb(rotary_seq_len, packed_seq=packed)
-        elif self.position_embedding_type == "yarn":
-            rotary_seq_len = self.rotary_pos_emb.get_rotary_seq_len(
-                inference_context, self.decoder, decoder_input, self.config, packed_seq_params
-            )
-            rotary_pos_emb, _ = self.rotary_pos_emb(rotary_seq_len, packed_seq=packed)
-        return decoder_input, rotary_pos_emb, None, None, None, padding_mask
+            def add_noise(embedded: torch.Tensor) -> torch.Tensor:
+                return self.noise_decoder_input(embedded, input_ids, padding_mask, packed_seq_params)
+
+        return hybrid_preprocess(
+            self,
+            input_ids,
+            position_ids,
+            decoder_input,
+            inference_context,
+            packed_seq_params,
+            padding_mask,
+            add_noise=add_noise,
+        )
+
+    _postprocess = hybrid_postprocess
+    """Output layer and loss (or ``output_processor``) for the schedule plan's post-process node."""
 
 
-_HYBRID_NOISE_METHODS = ("forward", "_preprocess")
+_HYBRID_NOISE_METHODS = ("forward", "_preprocess", "_postprocess")
 
 
 def noisy_hybrid_class_for(model_class: type) -> type | None:

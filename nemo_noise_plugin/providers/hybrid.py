@@ -9,8 +9,9 @@ builds Bridge's ``HybridModel`` and turns it into a ``NoisyHybridModel`` (``mode
 
 What the hybrid provider adds to the gate, as ``validation.SettingError`` before any model is built: the layer
 pattern (``hybrid_layer_pattern``, symbols of Megatron-Core's ``Symbols.VALID_LAYERS``, its length equal to
-``num_layers`` when both are set) and ``virtual_pipeline_model_parallel_size`` (Bridge's hybrid provider asserts it
-away inside ``provide``).
+``num_layers`` when both are set), ``virtual_pipeline_model_parallel_size`` (Bridge's hybrid provider asserts it
+away inside ``provide``) and, with ``overlap_moe_expert_parallel_comm`` (the fine-grained schedule plan), a pattern
+of attention, MLP and MoE layers only (``schedule_plan.hybrid.check_schedule_plan_pattern``: no Mamba, no MTP).
 
 ``local_hybrid_stack_spec`` is a hybrid stack of Megatron-Core's local (non-Transformer-Engine) attention, MLP and
 MoE layers, so a hybrid model without Mamba layers builds on any machine, the CPU included; Mamba layers need
@@ -27,6 +28,7 @@ from megatron.core.models.hybrid.hybrid_layer_allocation import Symbols, get_hyb
 from megatron.core.models.hybrid.hybrid_model import HybridModel
 
 from nemo_noise_plugin.providers import DistillationProviderMixin, NoiseProviderMixin
+from nemo_noise_plugin.schedule_plan.hybrid import check_schedule_plan_pattern
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.validation import SettingError
 
@@ -92,6 +94,9 @@ class _HybridGate:
                 f"None or {layers}, the length of hybrid_layer_pattern",
                 context=f" with hybrid_layer_pattern={self.hybrid_layer_pattern or self.hybrid_override_pattern!r}",
             )
+        if self.overlap_moe_expert_parallel_comm:  # the fine-grained schedule plan: attention, MLP and MoE only
+            setting = "hybrid_layer_pattern" if self.hybrid_layer_pattern is not None else "hybrid_override_pattern"
+            check_schedule_plan_pattern(f"{self.provider_name}.{setting}", getattr(self, setting))
         if self.virtual_pipeline_model_parallel_size is not None:
             raise SettingError(
                 f"{self.provider_name}.virtual_pipeline_model_parallel_size",

@@ -1,4 +1,4 @@
-"""The mixin that gives a Megatron-Core GPT model chunk the plugin's fine-grained schedule plan.
+"""The mixin that gives a Megatron-Core GPT or hybrid model chunk the plugin's fine-grained schedule plan.
 
 Every model chunk a plugin provider builds has it, noisy or not: under pipelining the chunks without noise (later
 stages, holding the last layer and the loss) need the plugin's nodes as much as the first one.
@@ -15,6 +15,11 @@ import torch
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.utils import unwrap_model
 
+from nemo_noise_plugin.schedule_plan.hybrid import (
+    HYBRID_PLAN_METHODS,
+    NoisyHybridModelChunkSchedulePlan,
+    check_hybrid_schedule_plan,
+)
 from nemo_noise_plugin.schedule_plan.nodes import NoisyModelChunkSchedulePlan
 
 __all__ = ["PluginSchedulePlanMixin", "use_plugin_schedule_plan"]
@@ -53,18 +58,16 @@ class PluginSchedulePlanMixin:
     ):
         """``GPTModel.build_schedule_plan`` (megatron-core 0.19.2, ``gpt_model.py``) with the plugin's nodes.
 
-        A copy of upstream's method with the plan class as the change (``nemo_noise_plugin.upstream.copies``).
+        A copy of upstream's method with the plan class as the change (``nemo_noise_plugin.upstream.copies``). A
+        ``HybridModel`` chunk gets ``NoisyHybridModelChunkSchedulePlan`` (``schedule_plan.hybrid``, the plan
+        upstream lacks) after ``check_hybrid_schedule_plan``; other model classes raise ``NotImplementedError``.
         """
-        if not isinstance(self, GPTModel):
-            raise NotImplementedError(
-                f"{type(self).__name__} has no fine-grained schedule plan in megatron-core 0.19.2 (only GPTModel); "
-                "turn overlap_moe_expert_parallel_comm off. See docs/hybrid_model.md."
-            )
+        plan_class = _plan_class_for(self)
         if self.config.fine_grained_activation_offloading:
             self.preprocess_for_fine_grained_offloading()
         if self.config.moe_paged_stash:
             self.preprocess_for_paged_stash()
-        plan = NoisyModelChunkSchedulePlan(
+        plan = plan_class(
             self,
             input_ids,
             position_ids,
@@ -83,21 +86,47 @@ class PluginSchedulePlanMixin:
         return plan
 
 
+def _plan_class_for(model: torch.nn.Module) -> type:
+    """The plugin's plan class for ``model``'s class: GPT's, or (checked first) the hybrid one."""
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+
+    if isinstance(model, GPTModel):
+        return NoisyModelChunkSchedulePlan
+    if isinstance(model, HybridModel):
+        check_hybrid_schedule_plan(model)
+        return NoisyHybridModelChunkSchedulePlan
+    raise NotImplementedError(
+        f"{type(model).__name__} has no fine-grained schedule plan (the plugin has GPTModel's and HybridModel's); "
+        "turn overlap_moe_expert_parallel_comm off."
+    )
+
+
 @functools.cache
 def _plugin_plan_class_for(model_class: type) -> type:
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+
     name = f"{model_class.__name__}WithPluginPlan"
-    return type(name, (PluginSchedulePlanMixin, model_class), {"__module__": __name__})
+    namespace: dict[str, Any] = {"__module__": __name__}
+    if issubclass(model_class, HybridModel):  # HybridModel has no _preprocess / _postprocess for the plan's nodes
+        namespace.update(HYBRID_PLAN_METHODS)
+    return type(name, (PluginSchedulePlanMixin, model_class), namespace)
 
 
 def use_plugin_schedule_plan(model: torch.nn.Module) -> torch.nn.Module:
-    """Give an already built ``GPTModel`` chunk (not noisy) the plugin's schedule plan, in place; return it unwrapped.
+    """Give an already built ``GPTModel`` or ``HybridModel`` chunk (not noisy) the plugin's schedule plan, in place;
+    return it unwrapped.
 
-    Only the class changes (a subclass adding ``PluginSchedulePlanMixin``); parameters and state-dict keys do not.
+    Only the class changes (a subclass adding ``PluginSchedulePlanMixin``, and for a hybrid model the
+    ``_preprocess`` / ``_postprocess`` methods the plan's nodes call); parameters and state-dict keys do not.
     """
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+
     inner = unwrap_model(model)
     if isinstance(inner, PluginSchedulePlanMixin):
         return inner
-    if not isinstance(inner, GPTModel):
-        raise TypeError(f"use_plugin_schedule_plan expects a megatron.core GPTModel, got {type(inner).__name__}.")
+    if not isinstance(inner, (GPTModel, HybridModel)):
+        raise TypeError(
+            f"use_plugin_schedule_plan expects a megatron.core GPTModel or HybridModel, got {type(inner).__name__}."
+        )
     inner.__class__ = _plugin_plan_class_for(type(inner))
     return inner

@@ -7,7 +7,8 @@ need changes for the plugin:
 - ``NoisePreProcessNode``: hands the microbatch's loss mask (stored in the chunk state when the plan was built) to
   the noise layer for the one ``_preprocess`` call, so ``true_length`` scaling and prompt/response selection work
   as on the normal path, whose forward receives the mask.
-- ``LossPostProcessNode``: applies ``decoder.final_layernorm`` after a dense last layer. Upstream applies it only
+- ``LossPostProcessNode``: applies ``decoder.final_layernorm`` after a dense last layer (a hybrid stack's
+  ``final_norm`` after any last layer). Upstream applies it only
   in the MoE combine callable (``gpt/fine_grained_callables.py:251``) or for an empty decoder, so a chunk whose
   last layer is dense returns un-normalised hidden states to the output layer (see
   ``docs/schedule_plan.md`` for the reproduction). The loss (CE, or CE + KD through ``output_processor``) leaves
@@ -39,6 +40,7 @@ __all__ = [
     "NoisyLayerSchedulePlan",
     "NoisyModelChunkSchedulePlan",
     "backward_through_differentiable",
+    "final_norm_left_to_post_process",
     "skips_final_layernorm_upstream",
 ]
 
@@ -105,13 +107,32 @@ def skips_final_layernorm_upstream(model) -> bool:
     return not is_moe
 
 
+def final_norm_left_to_post_process(model) -> torch.nn.Module | None:
+    """The decoder's final norm when no layer node of the plan applies it and ``PostProcessNode`` would not either.
+
+    GPT: ``decoder.final_layernorm`` after a dense last layer (``skips_final_layernorm_upstream``). Hybrid stack:
+    ``decoder.final_norm`` (present when the stack has ``post_process`` and ``post_layer_norm``) whatever the last
+    layer, since the hybrid plan's layer nodes never apply it (``schedule_plan.hybrid``). None for an empty decoder
+    (``PostProcessNode`` applies the norm itself) and with MTP layers.
+    """
+    from megatron.core.models.hybrid.hybrid_block import HybridStack
+
+    decoder = model.decoder
+    if isinstance(decoder, HybridStack):
+        if len(decoder.layers) == 0 or model.config.mtp_num_layers:
+            return None
+        return getattr(decoder, "final_norm", None)
+    return decoder.final_layernorm if skips_final_layernorm_upstream(model) else None
+
+
 class LossPostProcessNode(PostProcessNode):
     """``PostProcessNode`` that normalises after a dense last layer, as ``TransformerBlock.forward`` does."""
 
     def forward_impl(self, hidden_states):
-        """Final layernorm where upstream skips it, then ``_postprocess`` (loss or ``output_processor``)."""
-        if skips_final_layernorm_upstream(self.model):
-            hidden_states = self.model.decoder.final_layernorm(hidden_states)
+        """Final norm where upstream skips it, then ``_postprocess`` (loss or ``output_processor``)."""
+        final_norm = final_norm_left_to_post_process(self.model)
+        if final_norm is not None:
+            hidden_states = final_norm(hidden_states)
             hidden_states = make_viewless_tensor(inp=hidden_states, requires_grad=True, keep_graph=True)
         return super().forward_impl(hidden_states)
 
@@ -152,17 +173,24 @@ class NoisyLayerSchedulePlan(TransformerLayerSchedulePlan):
     """``TransformerLayerSchedulePlan`` building ``FrozenTolerantLayerNode``s.
 
     ``_build_callable_nodes`` is upstream's (megatron-core 0.19.2,
-    ``models/common/model_chunk_schedule_plan.py``) with the node class as the only change: upstream constructs
-    ``TransformerLayerNode`` directly.
+    ``models/common/model_chunk_schedule_plan.py``) with the node class as the change (upstream constructs
+    ``TransformerLayerNode`` directly) and the layer's callables taken from ``layer_callables`` (the hybrid plan's
+    hook, ``schedule_plan.hybrid``).
     """
 
     NODE_CLASS: type[TransformerLayerNode] = FrozenTolerantLayerNode
 
+    def layer_callables(self) -> tuple[list, dict]:
+        """``(forward callables, delayed-wgrad map)`` of the layer: Megatron-Core's ``build_layer_callables``."""
+        from megatron.core.models.common.fine_grained_callables import build_layer_callables
+
+        return build_layer_callables(self.layer)
+
     def _build_callable_nodes(self, event, comp_stream, comm_stream, extra_args):
-        from megatron.core.models.common.fine_grained_callables import build_layer_callables, get_layer_moe_metadata
+        from megatron.core.models.common.fine_grained_callables import get_layer_moe_metadata
         from megatron.core.transformer.multi_token_prediction import MultiTokenPredictionLayer
 
-        fwd_callables, bwd_dw_callable_map = build_layer_callables(self.layer)
+        fwd_callables, bwd_dw_callable_map = self.layer_callables()
         is_moe, num_local_experts = get_layer_moe_metadata(self.layer)
         is_mtp = isinstance(self.layer, MultiTokenPredictionLayer)
         extra_args["config"] = self.layer.config

@@ -1,6 +1,6 @@
 """The pieces of Megatron-Core 0.19.2 that the plugin copies and changes, in one list.
 
-Megatron-Core offers no hook at these three places, so the plugin carries an edited copy of the upstream function.
+Megatron-Core offers no hook at these places, so the plugin carries an edited copy of the upstream function.
 Each entry names our copy, the upstream original, what the copy changes, and the SHA-256 of the original's source
 as megatron-core 0.19.2 ships it. ``tests/upstream/test_upstream_copies.py`` fails when the installed original
 differs: then re-read the original, carry its change into our copy, and record the new digest here
@@ -37,7 +37,8 @@ UPSTREAM_COPIES: tuple[UpstreamCopy, ...] = (
         ours="nemo_noise_plugin.schedule_plan.builder:PluginSchedulePlanMixin.build_schedule_plan",
         upstream="megatron.core.models.gpt.gpt_model:GPTModel.build_schedule_plan",
         change="builds NoisyModelChunkSchedulePlan (the plugin's nodes) instead of TransformerModelChunkSchedulePlan, "
-        "rejects models other than GPTModel, and stores the noise layer's batch inputs in the plan's chunk state",
+        "or NoisyHybridModelChunkSchedulePlan for a checked HybridModel, rejects other models, and stores the noise "
+        "layer's batch inputs in the plan's chunk state",
         sha256="2236c9121c9eafb8acad5843cd065ab36f0b73696cd1ce67c8da999218179d91",
     ),
     UpstreamCopy(
@@ -49,10 +50,18 @@ UPSTREAM_COPIES: tuple[UpstreamCopy, ...] = (
         sha256="0a1c20f8415c7468084b7ba2407b937843d7e153808da19a28499120ea81379d",
     ),
     UpstreamCopy(
-        ours="nemo_noise_plugin.model.hybrid:NoisyHybridModel._preprocess",
+        ours="nemo_noise_plugin.schedule_plan.hybrid:hybrid_preprocess",
         upstream="megatron.core.models.hybrid.hybrid_model:HybridModel.forward",
         change="the embedding and rotary-embedding part of HybridModel.forward (hybrid_model.py:455-496) as a "
-        "_preprocess method, with the noise added to the embedding output",
+        "_preprocess method, with the noise (add_noise, NoisyHybridModel._preprocess) added to the embedding output",
+        sha256="44f9659a4e9c541624e3fb091a7b6abfc8d1bdceb50623fbcd00f8480e1f2810",
+    ),
+    UpstreamCopy(
+        ours="nemo_noise_plugin.schedule_plan.hybrid:hybrid_postprocess",
+        upstream="megatron.core.models.hybrid.hybrid_model:HybridModel.forward",
+        change="the output-layer and loss part of HybridModel.forward as a _postprocess method for the schedule "
+        "plan's post-process node, without its MTP and inference branches, with GPTModel._postprocess's "
+        "output_processor call",
         sha256="44f9659a4e9c541624e3fb091a7b6abfc8d1bdceb50623fbcd00f8480e1f2810",
     ),
 )

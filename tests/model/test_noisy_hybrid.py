@@ -325,7 +325,10 @@ def test_megatron_hybrid_model_still_lacks_preprocess_and_build_schedule_plan():
     assert not hasattr(HybridModel, "build_schedule_plan")
 
 
-def test_a_noisy_hybrid_models_schedule_plan_is_a_clear_error(megatron_cpu, batch):
+def test_a_noisy_hybrid_model_builds_the_plugins_hybrid_schedule_plan(megatron_cpu, batch):
+    """Upstream has none (above); the plan itself: tests/schedule_plan/test_hybrid_schedule_plan.py."""
+    from nemo_noise_plugin.schedule_plan.hybrid import NoisyHybridModelChunkSchedulePlan
+
     _, noisy = _pair(NoiseConfig(alpha=5.0))
-    with pytest.raises(NotImplementedError, match="NoisyHybridModel has no fine-grained schedule plan.*only GPTModel"):
-        noisy.build_schedule_plan(batch["input_ids"], batch["position_ids"], batch["attention_mask"])
+    plan = noisy.build_schedule_plan(batch["input_ids"], batch["position_ids"], batch["attention_mask"])
+    assert isinstance(plan, NoisyHybridModelChunkSchedulePlan) and plan.num_layers() == len(PATTERN)

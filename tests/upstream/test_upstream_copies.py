@@ -1,4 +1,4 @@
-"""The three pieces copied from Megatron-Core 0.19.2: each one fails here when the installed original changes."""
+"""The pieces copied from Megatron-Core 0.19.2: each one fails here when the installed original changes."""
 
 from __future__ import annotations
 
