@@ -76,6 +76,6 @@ def task_batches(state: Any, device: Any, held_out: int | None = None) -> dict[s
     _, valid, test = recipe_datasets(state, test=True, unpacked=True)
     size = state.cfg.train.micro_batch_size
     mask = causal_attention_mask(state.cfg.model.seq_length) if torch.device(device).type == "cpu" else None
-    found = dict(zip(TASK_REPORT_SPLITS, (valid, test), strict=True))
+    found = {split: data for split, data in zip(TASK_REPORT_SPLITS, (valid, test), strict=True) if data is not None}
     counts = {split: len(data) if held_out is None else min(len(data), held_out) for split, data in found.items()}
     return {split: collate(data, counts[split] // size, size, mask, device) for split, data in found.items() if data}
