@@ -19,6 +19,7 @@ from __future__ import annotations
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,7 +27,15 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.ledger import Guarantee, privacy_ledger
 from nemo_noise_plugin.validation import SettingError, check_int
 
-__all__ = ["SpanGuarantee", "SpanLedger", "format_span_ledger", "span_ledger", "span_token_counts"]
+__all__ = [
+    "SpanGuarantee",
+    "SpanLedger",
+    "format_span_ledger",
+    "protected_span_counts",
+    "span_ledger",
+    "span_ledger_summary",
+    "span_token_counts",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,29 @@ def span_token_counts(private_mask: torch.Tensor) -> list[list[int]]:
         )
         starts, ends = (edges == 1).nonzero().view(-1), (edges == -1).nonzero().view(-1)
         counts.append((ends - starts).tolist())
+    return counts
+
+
+def protected_span_counts(private_mask: torch.Tensor, noised: torch.Tensor) -> list[list[int]]:
+    """Per row, the noised-token count of each span of ``private_mask`` (maximal run of True): the span's tokens that
+    ``noised`` (``[b, s]``, e.g. ``privacy.audit.noised_tokens``) marks, so a special id inside a span is not
+    counted; spans with no noised token are left out (``span_ledger``'s ``span_tokens``).
+
+    >>> protected_span_counts(torch.tensor([[0, 1, 1, 1, 0, 1]]).bool(), torch.tensor([[0, 1, 0, 1, 0, 1]]).bool())
+    [[2, 1]]
+    """
+    if not isinstance(noised, torch.Tensor) or noised.shape != private_mask.shape:
+        raise SettingError(
+            "noised", noised, f"a [b, s] boolean tensor of the private mask's shape {private_mask.shape}"
+        )
+    counts = []
+    for row, marked in zip(private_mask.bool().cpu(), noised.bool().cpu(), strict=True):
+        edges = torch.diff(
+            torch.cat([torch.zeros(1, dtype=torch.int8), row.to(torch.int8), torch.zeros(1, dtype=torch.int8)])
+        )
+        starts, ends = (edges == 1).nonzero().view(-1), (edges == -1).nonzero().view(-1)
+        spans = [int(marked[start:end].sum()) for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
+        counts.append([count for count in spans if count > 0])
     return counts
 
 
@@ -138,6 +170,49 @@ def span_ledger(
         "spans. n counts the span's noised tokens; the clean tokens around a span are released in the clear.",
     )
     return SpanLedger(config.mechanism, epochs, token_ledger.per_token, tuple(spans), tuple(examples), assumptions)
+
+
+def span_ledger_summary(ledger: SpanLedger) -> dict[str, Any]:
+    """The ledger in a report's JSON: span and example counts, epsilon per span by its token count and per example
+    (median and max; None where the mechanism has no guarantee), the epochs and the assumptions.
+
+    Example::
+
+        summary = span_ledger_summary(span_ledger(config, [[2, 3], [2]], epochs=2))
+        summary["per_span_epsilon"]["by_tokens"]["2"], summary["per_example_epsilon"]["max"]
+    """
+    spans = [span for example in ledger.spans for span in example]
+    by_tokens = {str(n): eps for n, eps in sorted({(span.tokens, span.epsilon) for span in spans}, key=_by_count)}
+    return {
+        "mechanism": ledger.mechanism,
+        "epochs": ledger.epochs,
+        "spans": len(spans),
+        "examples": len(ledger.examples),
+        "span_tokens": {"median": _median([span.tokens for span in spans]), "max": max(s.tokens for s in spans)}
+        if spans
+        else {"median": None, "max": None},
+        "per_token_epsilon": ledger.per_token[0].epsilon if ledger.per_token else None,
+        "per_span_epsilon": {**_spread([span.epsilon for span in spans]), "by_tokens": by_tokens},
+        "per_example_epsilon": _spread([example.epsilon for example in ledger.examples if example.tokens]),
+        "assumptions": list(ledger.assumptions),
+    }
+
+
+def _by_count(pair: tuple[int, float | None]) -> int:
+    return pair[0]
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return float(ordered[middle]) if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, float | None]:
+    """Median and max of epsilons; None for both when there is none or one is unbounded (None)."""
+    if not values or any(value is None for value in values):
+        return {"median": None, "max": None}
+    return {"median": _median(values), "max": max(values)}
 
 
 def format_span_ledger(ledger: SpanLedger) -> str:

@@ -14,7 +14,8 @@ from typing import Any
 
 from nemo_noise_plugin.jobs.audit.data import AUDIT_DATA, check_audit_data
 from nemo_noise_plugin.jobs.audit.run_folder import TrainedRun
-from nemo_noise_plugin.jobs.audit.targets import MODELS, smollm2_target, tiny_target
+from nemo_noise_plugin.jobs.audit.spans import add_span_results, format_span_results, span_sources, span_targets
+from nemo_noise_plugin.jobs.audit.targets import MODELS, AuditTarget, smollm2_target, tiny_target
 from nemo_noise_plugin.jobs.reports.provenance import compact_provenance, file_sha256, plugin_version
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit.sweep import audit_sweep, format_sweep, write_sweep_report
@@ -67,7 +68,10 @@ def run_audit_report(
     ``TrainedRun``) audits a training run's export (``model`` None or ``smollm2``): ``data`` defaults to its training
     data, the held-out loss and exact match use its validation chats, and the ledger its sequence length and epochs
     (``epochs`` overrides); ``base_config`` and ``sweeps`` are the caller's (e.g. ``run.noise_at_inference`` and
-    ``Sweep.at_level_of`` of it). Example::
+    ``Sweep.at_level_of`` of it). A run with ``NoiseConfig.tokens='spans'`` is audited on its private spans only
+    (``jobs.audit.spans``: ``data`` a JSONL file of chats with ``private_spans``, default its training data; the
+    canaries too where it has them; ``protected``, ``canaries`` and each row's ``span_ledger`` in the report).
+    Example::
 
         trained = read_run_folder("runs/smollm2_135m_noise_sft")
         config = trained.noise_at_inference
@@ -83,14 +87,18 @@ def run_audit_report(
         )
     if hf_dir is not None and model != "smollm2":
         raise ValueError(f"hf_dir={hf_dir!r} is only used with model=smollm2 (got model={model!r}).")
-    if data is None:
+    spans = span_sources(run, data) if run is not None and run.noise.tokens == "spans" else None
+    if spans is not None:
+        data = str(spans.data)
+    elif data is None:
         if run is not None and run.training_data is None:
             raise ValueError(
                 f"run={str(run.folder)!r} has no data/training.jsonl (the run's training data, audited by default): "
                 "expected that file, or give data=<a JSONL file>, data=validation or data=uniform."
             )
         data = str(run.training_data) if run is not None else ("corpus" if model == "tiny" else "validation")
-    check_audit_data(data, model)
+    if spans is None:
+        check_audit_data(data, model)
     settings = dict(model=model, data=data, attacks=list(attacks), tokens=tokens, max_length=max_length)
     settings.update(task_sequences=task_sequences, task_loss=task_loss, hf_dir=hf_dir, device=device, epochs=epochs)
     settings.update(vocab_chunk=vocab_chunk, query_chunk=query_chunk, neighbour_sample=neighbour_sample)
@@ -104,8 +112,11 @@ def run_audit_report(
         metadata["run"].update(sequence_length=run.sequence_length, epochs=run.epochs)
     else:
         held_out = None
+    canaries = None
     try:
-        if model == "tiny":
+        if spans is not None:
+            target, canaries = span_targets(run, spans, tokens=tokens, task_sequences=task_sequences)
+        elif model == "tiny":
             target = tiny_target(tokens=tokens, max_length=max_length, task_sequences=task_sequences, data=data)
         else:
             target = smollm2_target(
@@ -117,6 +128,7 @@ def run_audit_report(
                 held_out=held_out,
             )
         chunks = {k: v for k, v in dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk).items() if v is not None}
+        common = dict(sequence_length=sequence_length, epochs=epochs or 1, neighbour_sample=neighbour_sample, **chunks)
         report = audit_sweep(
             target.table.to(device),
             target.token_ids,
@@ -127,24 +139,39 @@ def run_audit_report(
             task_loss=target.task_loss if task_loss else None,
             task_exact_match=target.task_exact_match if task_loss else None,
             padding_mask=target.padding_mask,
+            private_mask=target.private_mask,
             special_ids=target.special_ids,
-            sequence_length=sequence_length,
-            epochs=epochs or 1,
-            neighbour_sample=neighbour_sample,
             metadata={
                 "model": target.name,
                 "data": target.data,
                 **metadata,
                 "task_loss_note": target.task_loss_note if task_loss else "not measured",
             },
-            **chunks,
+            **common,
         )
+        if spans is not None:
+
+            def canary_sweep(canary: AuditTarget) -> dict[str, Any]:
+                return audit_sweep(
+                    canary.table.to(device),
+                    canary.token_ids,
+                    base_config,
+                    sweeps,
+                    attacks,
+                    lm_log_probs=canary.lm_log_probs if "lm_beam" in attacks else None,
+                    padding_mask=canary.padding_mask,
+                    private_mask=canary.private_mask,
+                    special_ids=canary.special_ids,
+                    **common,
+                )
+
+            add_span_results(report, target, canaries, canary_sweep, epochs or 1)
     finally:
         if model == "tiny":
             from nemo_noise_plugin.jobs.cpu import destroy_cpu_parallel
 
             destroy_cpu_parallel()
-    print(format_sweep(report))
+    print(format_sweep(report) + ("\n" + format_span_results(report) if spans is not None else ""))
     paths = write_sweep_report(report, output_dir)
     print("report: " + ", ".join(paths.values()))
     return paths

@@ -85,7 +85,7 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     ``ValueError`` naming a bad or missing argument. Reads the run folder's and data file's text; loads no model and
     writes nothing."""
     from nemo_noise_plugin.jobs.audit.data import check_audit_data
-    from nemo_noise_plugin.jobs.audit.run_folder import check_hf_dir, read_run_folder
+    from nemo_noise_plugin.jobs.audit.run_folder import TrainedRun, check_hf_dir, read_run_folder
     from nemo_noise_plugin.jobs.audit.targets import MODELS
     from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
     from nemo_noise_plugin.privacy.audit.run import ATTACKS
@@ -149,6 +149,10 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
                 f"{trained.noise.enabled}, mechanism={trained.noise.mechanism!r}): there is no level of its own to "
                 "audit; give sweep=, e.g. sweep=alpha:1,5,10."
             )
+        if trained.noise.tokens == "spans":
+            from nemo_noise_plugin.jobs.audit.spans import span_sources
+
+            span_sources(trained, settings.get("data"))  # a span run audits its spans: their data, checked now
     elif settings["config"]:
         config = load_noise_config(settings["config"], **overrides)
     else:
@@ -157,7 +161,9 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
         if model != "smollm2":
             raise ValueError(f"hf_dir={settings['hf_dir']!r} is only used with model=smollm2 (got model={model!r}).")
         check_hf_dir(settings["hf_dir"])
-    if "data" in settings:
+    if "data" in settings and not (
+        isinstance(settings.get("run"), TrainedRun) and settings["run"].noise.tokens == "spans"
+    ):
         check_audit_data(settings["data"], model or "smollm2")
     settings["config"] = config
     sweep = settings.pop("sweep", None)

@@ -35,7 +35,17 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
 from nemo_noise_plugin.privacy.audit.sweep import TaskLoss
 
-__all__ = ["MODELS", "TINY_AUDIT_MODEL", "AuditTarget", "smollm2_target", "tiny_target"]
+__all__ = [
+    "MODELS",
+    "TINY_AUDIT_MODEL",
+    "AuditTarget",
+    "hf_exact_match",
+    "hf_lm_prior",
+    "hf_task_loss",
+    "load_hf_model",
+    "smollm2_target",
+    "tiny_target",
+]
 
 MODELS: tuple[str, ...] = ("tiny", "smollm2")
 """The models ``nemo noise audit`` attacks (``model=``)."""
@@ -59,6 +69,8 @@ class AuditTarget:
     task_loss_note: str = ""
     task_exact_match: TaskLoss | None = None
     """``config -> held-out exact match`` (fraction) with that noise, where the model has a task metric."""
+    private_mask: torch.Tensor | None = None
+    """``[b, s]`` True inside a private span (``tokens='spans'``: the protected tokens, the only ones attacked)."""
     data: str = ""
     """Where the audited tokens come from, in words (the report's ``data``)."""
 
@@ -162,34 +174,75 @@ def tiny_target(
 # SmolLM2-135M-Instruct
 
 
-def _task_exact_match(
-    model: Any, table: torch.Tensor, tokenizer: Any, held_out: str | os.PathLike[str] | None = None
+def hf_exact_match(
+    model: Any,
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    padding: torch.Tensor,
+    answers: list[tuple[int, int]],
+    private_mask: torch.Tensor | None = None,
 ) -> TaskLoss:
-    """Held-out exact match of transformers' ``model`` with the noise on its input embeddings: an answer counts when
-    the argmax at every answer position (teacher-forced) is the reference token, i.e. greedy decoding reproduces
-    the answer and then ends the turn (as ``task_metric.exact_match`` computes it for Megatron models)."""
+    """Held-out exact match of transformers' ``model`` with the noise on its input embeddings: row ``i`` of ``ids``
+    counts when the argmax at every position of its answer ``answers[i]`` (``[start, end)``, teacher-forced) is the
+    reference token, i.e. greedy decoding reproduces the answer and then ends the turn (as ``task_metric.
+    exact_match`` computes it for Megatron models). ``private_mask`` is the rows' for ``tokens='spans'``."""
     from nemo_noise_plugin.privacy.audit import noised_embeddings
-
-    sequences, spans = answer_spans(tokenizer, held_out)
-    if not sequences:
-        raise ValueError(
-            f"held-out chats {held_out or 'validation'!r} hold no chat that splits at its answer: expected "
-            '{"messages": [..., {"role": "assistant", ...}]} rows.'
-        )
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
-    ids, padding = padded(sequences, pad_id)
 
     def exact_match(config: NoiseConfig) -> float:
         with torch.no_grad():
-            embeds = noised_embeddings(table, ids, config, padding_mask=padding)
+            embeds = noised_embeddings(table, ids, config, padding_mask=padding, private_mask=private_mask)
             predicted = model(inputs_embeds=embeds, attention_mask=(~padding).long()).logits.argmax(-1)
         correct = [
             bool((predicted[row, start - 1 : end - 1] == ids[row, start:end]).all())
-            for row, (start, end) in enumerate(spans)
+            for row, (start, end) in enumerate(answers)
         ]
         return sum(correct) / len(correct)
 
     return exact_match
+
+
+def hf_task_loss(
+    model: Any, table: torch.Tensor, ids: torch.Tensor, padding: torch.Tensor, private_mask: torch.Tensor | None = None
+) -> TaskLoss:
+    """``config -> `` held-out next-token loss of transformers' ``model`` over every real next token of ``ids``, with
+    the noise on its input embeddings (``private_mask`` the rows' for ``tokens='spans'``)."""
+    from nemo_noise_plugin.privacy.audit import noised_embeddings
+
+    def task_loss(config: NoiseConfig) -> float:
+        with torch.no_grad():
+            embeds = noised_embeddings(table, ids, config, padding_mask=padding, private_mask=private_mask)
+            logits = model(inputs_embeds=embeds, attention_mask=(~padding).long()).logits.float()
+            log_probs = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+            mask = (~padding[:, 1:]).float()
+            return float(-(log_probs * mask).sum() / mask.sum())
+
+    return task_loss
+
+
+def hf_lm_prior(model: Any) -> LmLogProbs:
+    """``prefix -> [rows, V]`` next-token log-probabilities of transformers' ``model`` (the beam attack's prior)."""
+
+    def lm_log_probs(prefix: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model(input_ids=prefix).logits[:, -1].float().log_softmax(-1)
+
+    return lm_log_probs
+
+
+def load_hf_model(hf_dir: str | os.PathLike[str] | None) -> tuple[Any, torch.Tensor, Any, Any]:
+    """The folder (SmolLM2-135M-Instruct's converted one for None), its float32 input embedding table, tokenizer and
+    transformers model (CPU, eval mode)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
+
+    folder = ensure_smollm2_hf() if hf_dir is None else check_hf_dir(str(hf_dir))
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        table = handle.get_tensor("model.embed_tokens.weight").float()
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    return folder, table, tokenizer, model
 
 
 def smollm2_target(
@@ -208,17 +261,8 @@ def smollm2_target(
     ``reports/latest/hf``). The audited tokens are ``data``: the validation chats after the first
     ``task_sequences`` (``validation``), a uniform sample of the tokenizer's ids without its special ids
     (``uniform``), or the rows of a JSONL file (``audit_data_rows``), in pieces of ``max_length`` tokens."""
-    from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from nemo_noise_plugin.jobs.models.smollm2_folder import ensure_smollm2_hf
-    from nemo_noise_plugin.privacy.audit import noised_embeddings
-
     check_audit_data(data, "smollm2")
-    folder = ensure_smollm2_hf() if hf_dir is None else check_hf_dir(hf_dir)
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
-        table = handle.get_tensor("model.embed_tokens.weight").float()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    folder, table, tokenizer, model = load_hf_model(hf_dir)
     texts = chat_texts(tokenizer, held_out)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
     special_ids = sorted(set(tokenizer.all_special_ids))
@@ -238,33 +282,26 @@ def smollm2_target(
         described = f"{data} ({len(rows)} rows)"
     token_ids, padding = padded(sequences, pad_id)
     held_ids, held_padding = padded([text[:max_length] for text in texts[:task_sequences]], pad_id)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-
-    def task_loss(config: NoiseConfig) -> float:
-        with torch.no_grad():
-            embeds = noised_embeddings(table, held_ids, config, padding_mask=held_padding)
-            logits = model(inputs_embeds=embeds, attention_mask=(~held_padding).long()).logits.float()
-            log_probs = logits[:, :-1].log_softmax(-1).gather(-1, held_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-            mask = (~held_padding[:, 1:]).float()
-            return float(-(log_probs * mask).sum() / mask.sum())
-
-    def lm_log_probs(prefix: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return model(input_ids=prefix).logits[:, -1].float().log_softmax(-1)
-
+    answered, answers = answer_spans(tokenizer, held_out)
+    if not answered:
+        raise ValueError(
+            f"held-out chats {held_out or 'validation'!r} hold no chat that splits at its answer: expected "
+            '{"messages": [..., {"role": "assistant", ...}]} rows.'
+        )
+    answer_ids, answer_padding = padded(answered, pad_id)
     return AuditTarget(
         name="smollm2" if hf_dir is None else f"smollm2 ({folder})",
         table=table,
         token_ids=token_ids,
         padding_mask=padding,
         special_ids=special_ids,
-        task_loss=task_loss,
-        lm_log_probs=lm_log_probs,
+        task_loss=hf_task_loss(model, table, held_ids, held_padding),
+        lm_log_probs=hf_lm_prior(model),
         task_loss_note=(
             f"held-out next-token loss of {folder.name} (transformers, CPU) on {task_sequences} held-out chats, and "
             f"held-out exact match (greedy, teacher-forced) on {held_out or 'the instruction set validation split'}, "
             "with the noise on inputs_embeds"
         ),
-        task_exact_match=_task_exact_match(model, table, tokenizer, held_out),
+        task_exact_match=hf_exact_match(model, table, answer_ids, answer_padding, answers),
         data=described,
     )

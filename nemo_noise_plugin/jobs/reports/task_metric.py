@@ -37,7 +37,8 @@ def exact_match(
     """Greedy exact match of ``model`` on ``batches`` (Bridge SFT batches): overall, per task, and per example.
 
     ``noise_inputs``: ``model`` is a noisy model noising in eval mode (``make_noisy`` with ``training_only=False``);
-    batch ``i`` is its noise's iteration ``i`` and hands its loss mask to the noise layer, as training does.
+    batch ``i`` is its noise's iteration ``i`` and hands its loss mask (and its ``private_mask``, for
+    ``tokens='spans'``) to the noise layer, as training does.
     """
     hits: list[bool] = []
     tasks: list[str] = []
@@ -45,7 +46,7 @@ def exact_match(
         for index, batch in enumerate(batches):
             if noise_inputs:
                 model.noise_clock.start_iteration(index)
-                with model.noise_batch_inputs(batch["loss_mask"]):
+                with model.noise_batch_inputs(batch["loss_mask"], private_mask=batch.get("private_mask")):
                     logits = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
             else:
                 logits = model(batch["tokens"], batch["position_ids"], batch["attention_mask"])
@@ -75,6 +76,6 @@ def task_batches(state: Any, device: Any, held_out: int | None = None) -> dict[s
     _, valid, test = recipe_datasets(state, test=True, unpacked=True)
     size = state.cfg.train.micro_batch_size
     mask = causal_attention_mask(state.cfg.model.seq_length) if torch.device(device).type == "cpu" else None
-    found = dict(zip(TASK_REPORT_SPLITS, (valid, test), strict=True))
+    found = {split: data for split, data in zip(TASK_REPORT_SPLITS, (valid, test), strict=True) if data is not None}
     counts = {split: len(data) if held_out is None else min(len(data), held_out) for split, data in found.items()}
     return {split: collate(data, counts[split] // size, size, mask, device) for split, data in found.items() if data}

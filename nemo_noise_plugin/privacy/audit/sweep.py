@@ -150,6 +150,7 @@ def audit_sweep(
     task_exact_match: TaskLoss | None = None,
     loss_mask: torch.Tensor | None = None,
     padding_mask: torch.Tensor | None = None,
+    private_mask: torch.Tensor | None = None,
     special_ids: Sequence[int] | None = None,
     sequence_length: int | None = None,
     epochs: int = 1,
@@ -172,6 +173,7 @@ def audit_sweep(
     ``task_loss``) adds each level's held-out exact match (``task_exact_match`` in the rows, and
     ``clean_task_exact_match``). ``neighbour_sample`` estimates the median
     nearest-neighbour distance from that many rows (``median_nearest_neighbour_distance``; default all).
+    ``private_mask`` (``[b, s]``) marks the private spans of ``tokens='spans'``: only they are noised and counted.
     ``tokens`` and ``distinct_ids`` are how many audited tokens were counted and how many distinct ids they hold;
     ``metadata`` (e.g. ``data``: where the tokens came from) is copied to the top of the report.
 
@@ -218,6 +220,7 @@ def audit_sweep(
                 lm_log_probs,
                 loss_mask=loss_mask,
                 padding_mask=padding_mask,
+                private_mask=private_mask,
                 special_ids=special_ids,
                 confidence=confidence,
                 candidates=candidates,
