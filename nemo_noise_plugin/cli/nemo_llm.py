@@ -33,6 +33,8 @@ plugin's command moves to ``nemo noise finetune``, and each recipe is also regis
 """
 
 # No ``from __future__ import annotations`` and no ``X | None``: NeMo-Run's argument parser needs real types.
+import contextlib
+import importlib
 import importlib.util
 import os
 import sys
@@ -63,6 +65,8 @@ from nemo_noise_plugin.jobs.executors.task import launch_finetune  # noqa: E402
 from nemo_noise_plugin.jobs.launch.finetune import (  # noqa: E402
     FinetuneError,
     check_recipe_arguments,
+    check_takes_no_arguments,
+    load_recipe,
     run_finetune,
     unknown_factory,
 )
@@ -131,6 +135,12 @@ def _resolve_factory(name: str) -> Any:
     """``--factory name`` resolved as NeMo-Run resolves it (registry, import path, ``name(arg=value)``), then called."""
     from nemo_run.cli.cli_parser import parse_factory
 
+    if ":" in name:  # the plugin's import-path form (module:function), which NeMo-Run's parser does not take
+        return load_recipe(name)()
+    if "." in name and "(" not in name:  # NeMo-Run's dotted form calls the function: it must be a recipe
+        module, _, function = name.rpartition(".")
+        with contextlib.suppress(ImportError, AttributeError):
+            check_takes_no_arguments(name, getattr(importlib.import_module(module), function))
     try:
         return parse_factory(finetune, "", finetune, name)
     except ValueError as error:

@@ -30,7 +30,7 @@ from nemo_noise_plugin.training.override_messages import (
     unknown_key,
 )
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
-from nemo_noise_plugin.validation import is_finite_number
+from nemo_noise_plugin.validation import SettingError, is_finite_number
 from nemo_noise_plugin.yaml_files import YAMLInputError, load_yaml_file
 
 __all__ = [
@@ -195,6 +195,9 @@ def _file_fields(owner: Any, values: dict, path: str) -> dict:
                 )
         elif isinstance(value, dict) and dataclasses.is_dataclass(current):
             fields[key] = _file_fields(current, value, key_path)
+        elif dataclasses.is_dataclass(current) and value is not None:  # `model: 5`, `train: [1, 2]`
+            expected = f"a mapping of {type(current).__name__} fields (e.g. {key}: {{...}})"
+            raise ConfigOverrideError(str(SettingError(key_path, value, expected)))
         else:
             fields[key] = value
     return fields

@@ -112,6 +112,11 @@ def test_factory_may_be_an_import_path():
     assert config.model.noise.alpha == 4.0
 
 
+def test_an_import_path_to_a_function_that_needs_arguments_is_refused_naming_them():
+    with pytest.raises(UnknownFactoryError, match=r"^--factory 'json:dumps' is not a recipe: it needs the argument"):
+        run_finetune("json:dumps", dryrun=True, print_fn=_quiet)
+
+
 def test_a_misspelled_key_is_an_error_naming_it():
     with pytest.raises(FinetuneError, match=r"model\.noise\.alpah is not a field of NoiseConfig"):
         run_finetune("tiny_noise_sft", ["model.noise.alpah=3"], dryrun=True, print_fn=_quiet)
@@ -265,6 +270,17 @@ def test_nemo_context_hands_the_trailing_arguments_to_bridge(cli_llm, capsys):
 def test_nemo_factory_accepts_recipe_arguments(cli_llm):
     config = cli_llm._resolve_factory("tiny_noise_sft(train_iters=3)")
     assert config.train.train_iters == 3
+
+
+def test_nemo_factory_takes_the_plugins_import_path_form(cli_llm):
+    config = cli_llm._resolve_factory("nemo_noise_plugin.recipes:tiny_noise_sft_config")
+    assert type(config).__name__ == "ConfigContainer" and config.model.noise.alpha == 5.0
+
+
+@pytest.mark.parametrize("name", ["json:dumps", "json.dumps"])
+def test_nemo_factory_refuses_a_function_that_needs_arguments(cli_llm, name):
+    with pytest.raises(UnknownFactoryError, match=rf"^--factory '{re.escape(name)}' is not a recipe: .* obj;"):
+        cli_llm._resolve_factory(name)
 
 
 def test_nemo_context_errors_are_run_context_errors(cli_llm, monkeypatch):

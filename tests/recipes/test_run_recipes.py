@@ -83,6 +83,9 @@ def test_the_torchrun_form_takes_a_config_file(capsys):
         ("model: [1, 2\n", r"not valid YAML"),
         ("- 1\n- 2\n", r"expected a mapping of config fields \(e\.g\. .*\), got a list \(\[1, 2\]\)"),
         ("1: 2\n", r"config keys must be field names, got 1"),
+        ("model: 5\n", r"^invalid --config-file or override: model=5 is invalid: expected a mapping of \w+ fields"),
+        ("train: [1, 2]\n", r"train=\[1, 2\] is invalid: expected a mapping of TrainingConfig fields"),
+        ("model:\n  noise: 3\n", r"model\.noise=3 is invalid: expected a mapping of NoiseConfig fields"),
     ],
 )
 def test_a_bad_config_file_is_an_error_naming_the_key(content, message, tmp_path):

@@ -35,6 +35,7 @@ __all__ = [
     "FinetuneError",
     "UnknownFactoryError",
     "check_recipe_arguments",
+    "check_takes_no_arguments",
     "describe",
     "load_recipe",
     "run_finetune",
@@ -68,8 +69,25 @@ def load_recipe(name: str, available: Sequence[str] | None = None) -> Callable[[
             raise UnknownFactoryError(f"--factory {name!r} cannot be imported: {error}") from error
         if not callable(recipe):
             raise UnknownFactoryError(f"--factory {name!r} is not a function returning a ConfigContainer.")
+        check_takes_no_arguments(name, recipe)
         return recipe
     raise unknown_factory(name, RECIPES if available is None else available)
+
+
+def check_takes_no_arguments(name: str, recipe: Callable[..., Any]) -> None:
+    """``UnknownFactoryError`` when ``recipe`` (an imported ``--factory``) cannot be called without arguments
+    (``-f json:dumps``): it is not a recipe, and calling it would be a ``TypeError`` from inside it."""
+    try:
+        parameters = inspect.signature(recipe).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): calling it says the rest
+        return
+    varargs = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    required = [p.name for p in parameters if p.default is inspect.Parameter.empty and p.kind not in varargs]
+    if required:
+        raise UnknownFactoryError(
+            f"--factory {name!r} is not a recipe: it needs the argument(s) {', '.join(required)}; expected a "
+            "function that returns a Bridge ConfigContainer when called without arguments."
+        )
 
 
 def check_recipe_arguments(name: str, recipe: Callable[..., Any], arguments: dict[str, Any]) -> None:
