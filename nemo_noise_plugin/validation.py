@@ -1,39 +1,35 @@
 """The plugin's one dialect of setting checks: errors that name the setting, the value and what is allowed.
 
 Every scalar check of the plugin goes through these helpers: the dataclass configs (``NoiseConfig``, ``KDConfig``,
-validated in ``__post_init__`` and at each gate), the privacy math (``noise.calibration``, ``privacy.accounting``),
-the privacy audit's arguments (``privacy.audit``: its tensor shape and dtype checks stay there) and the HF inference
-helpers. ``setting`` is the name as the user wrote it: ``NoiseConfig.alpha`` for a field, ``gaussian_mechanism_delta:
-sigma`` for a function argument, ``top_k`` for an audit argument.
+validated in ``__post_init__`` and once more at their gate), the privacy math (``noise.calibration``,
+``privacy.accounting``), the privacy audit's arguments (``privacy.audit``: its tensor shape and dtype checks stay
+there) and the HF inference helpers. ``setting`` is the name as the user wrote it: ``NoiseConfig.alpha`` for a
+field, ``gaussian_mechanism_delta: sigma`` for a function argument, ``top_k`` for an audit argument.
 
 Each failure is a ``SettingError`` (a ``ValueError``, so callers catching ``ValueError`` keep working) whose message
 has one shape::
 
     {setting}={value!r} is invalid[ with {other settings}]: expected {what is allowed}[{why}].
 
-``ValidatedSettings`` gives a settings dataclass a ``validate()`` that runs its checks once per distinct field values:
-the gates that re-check a config (a provider's ``finalize``, ``make_noisy``, the launcher) cost nothing on an
-unchanged config, while any assignment after construction is checked at the next gate.
+Checked at the boundary, trusted inside: a config is checked when it is constructed (``__post_init__``) and once
+more, for assignments made after that, at the one gate where it starts work (a provider's ``finalize``, which
+Bridge's ``ConfigContainer.validate`` calls; ``make_noisy`` for a model built without Bridge). Code between and after
+the two trusts it (docs/bridge_config.md, "Where settings are checked").
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import weakref
-from typing import Any
 
 __all__ = [
     "FLOAT32_MAX",
     "SettingError",
-    "ValidatedSettings",
     "check_bool",
     "check_choice",
     "check_float32",
     "check_int",
     "check_number",
     "is_finite_number",
-    "settings_fingerprint",
 ]
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -141,42 +137,3 @@ def check_float32(setting: str, value: float, *, what: str = "the noise") -> Non
             f"a magnitude <= {FLOAT32_MAX!r} (the largest float32)",
             why=f": a larger one is inf in float32, so {what} in the model would be inf",
         )
-
-
-def settings_fingerprint(settings: Any) -> tuple:
-    """The field values of a settings dataclass as a comparable tuple: each field's name, type and ``repr`` (so
-    ``1`` and ``True``, ``1`` and ``1.0``, a list and a tuple, and an in-place change of a list all differ)."""
-    return tuple(
-        (field.name, type(value), repr(value))
-        for field in dataclasses.fields(settings)
-        for value in (getattr(settings, field.name),)
-    )
-
-
-_CHECKED: dict[int, tuple] = {}
-"""``id(settings)`` -> the fingerprint of its fields after its last successful check (dropped when it is collected)."""
-
-
-class ValidatedSettings:
-    """Mixin of a settings dataclass whose checks (``_check``) run once per distinct field values.
-
-    ``validate()`` is what the gates call (construction, a provider's ``finalize``, ``make_noisy``, the launcher):
-    it runs ``_check`` unless the fields are exactly as they were after the last successful check (a fingerprint:
-    ``settings_fingerprint``), so an unchanged config is checked once per build, and any assignment after
-    construction (``config.alpha = -1``, ``config.special_token_ids.append(-1)``) is checked at the next gate.
-    The fingerprint is kept outside the object (keyed by its id while it lives), so its ``__dict__``, equality,
-    YAML, copies and ``dataclasses.replace`` never see it; a copy is checked afresh.
-    """
-
-    def validate(self) -> None:
-        """Check every field as it is now (``_check``), unless unchanged since the last successful check."""
-        key = id(self)
-        if _CHECKED.get(key) == settings_fingerprint(self):
-            return
-        if _CHECKED.pop(key, None) is None:
-            weakref.finalize(self, _CHECKED.pop, key, None)
-        self._check()
-        _CHECKED[key] = settings_fingerprint(self)  # after _check's normalisations
-
-    def _check(self) -> None:
-        raise NotImplementedError

@@ -158,7 +158,8 @@ def test_kd_hidden_layers_are_checked_against_the_patterns_layers_before_finaliz
         **_settings(hybrid), kd=KDConfig(hidden_loss="mse", hidden_layers=[4], hidden_weight=1.0)
     )
     assert provider.num_layers is None  # derived from the pattern only at finalize
-    with pytest.raises(ValueError, match=r"KDConfig\.hidden_layers=\[4\] is invalid: layer 4 is outside 0\.\.3"):
+    outside = r"KDConfig\.hidden_layers=\[4\] is invalid with num_layers=4: expected layer indices in 0\.\.3"
+    with pytest.raises(ValueError, match=outside):
         provider.validate_distillation()
 
 
@@ -170,7 +171,7 @@ def test_overrides_reach_the_hybrid_providers_and_are_checked_by_the_same_gate(h
     apply_overrides(config, ["model.noise.alpha=3", "model.kd.temperature=2", "model.hybrid_layer_pattern=*-"])
     model = config.model
     assert (model.noise.alpha, model.kd.temperature, model.hybrid_layer_pattern) == (3.0, 2.0, "*-")
-    outside = r"model\.kd\.hidden_layers=\[5\] is invalid: layer 5 is outside 0\.\.1"
+    outside = r"model\.kd\.hidden_layers=\[5\] is invalid with num_layers=2: expected layer indices in 0\.\.1"
     with pytest.raises(ConfigOverrideError, match=outside):
         apply_overrides(config, ["model.kd.hidden_loss=mse", "model.kd.hidden_weight=1", "model.kd.hidden_layers=[5]"])
     with pytest.raises(ConfigOverrideError, match=r"model\.noise\.alpha=-2 is invalid"):

@@ -1,8 +1,8 @@
-"""One validation gate on every path (issue 26): the noise and KD settings are checked as they are *now*.
+"""One validation gate on every path (issues 26, 36): the noise and KD settings are checked as they are *now*.
 
-``NoiseConfig``/``KDConfig`` validate in ``__post_init__``, but an assignment after construction skips it. Each path
-that can start work re-checks them with the class's own ``validate``: Bridge's ``ConfigContainer.validate()`` (through
-the plugin providers' ``finalize``), ``make_noisy``, the privacy ledger and the audit. Values that silently disable a
+``NoiseConfig``/``KDConfig`` validate in ``__post_init__``, but an assignment after construction skips it. It is
+caught at the config's one gate (issue 36): Bridge's ``ConfigContainer.validate()`` (through the plugin providers'
+``finalize``), or ``make_noisy`` for a model built without Bridge. Values that silently disable a
 feature are refused (a KD temperature at which the softened softmax saturates in float32) or warned about in one
 line (an enabled noise of magnitude 0, a KD that weighs nothing).
 """
@@ -96,25 +96,6 @@ def test_make_noisy_refuses_settings_assigned_after_construction_and_leaves_the_
         with pytest.raises(ValueError, match=message):
             make_noisy(model, config)
         assert type(model) is GPTModel and not hasattr(model, "noise_layer")
-
-
-def test_the_privacy_ledger_refuses_settings_assigned_after_construction():
-    from nemo_noise_plugin.privacy.ledger import privacy_ledger
-
-    config = NoiseConfig(mechanism="gaussian_mechanism", clip_norm=1.0, epsilon=4.0)
-    config.epsilon = -4.0
-    with pytest.raises(ValueError, match=r"NoiseConfig\.epsilon=-4\.0 is invalid: expected a finite number > 0"):
-        privacy_ledger(config, sequence_length=8)
-
-
-def test_the_audit_refuses_settings_assigned_after_construction():
-    from nemo_noise_plugin.privacy.audit import audit
-
-    config = NoiseConfig(alpha=5.0)
-    config.tokens = "answers"
-    table, token_ids = torch.randn(16, 8), torch.randint(0, 16, (2, 4))
-    with pytest.raises(ValueError, match=r"NoiseConfig\.tokens='answers' is invalid: expected one of all, prompt"):
-        audit(table, token_ids, config)
 
 
 def test_an_enabled_noise_of_magnitude_0_warns_in_one_line_when_the_run_is_validated(recipes, tmp_path):

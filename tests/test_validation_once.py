@@ -1,11 +1,12 @@
-"""One validation dialect, and a config validated once per build (issue 24).
+"""Checked at the boundary, trusted inside (issue 36): two gates per config, one error type.
 
-Every gate of a run (the recipe's construction, ``apply_overrides``, ``validate_plugin_settings``, a provider's
-``finalize``, ``make_noisy``) calls ``NoiseConfig``/``KDConfig.validate``; the checks themselves (``_check``) run once
-per distinct field values (``validation.ValidatedSettings``), so an unchanged config is checked once per build while
-an assignment after construction is still caught at the next gate. Every scalar check of the configs, the privacy
-math and the audit raises the one ``SettingError`` (a ``ValueError``) naming the setting, the value and what is
-allowed.
+A ``NoiseConfig``/``KDConfig`` is checked when it is constructed (``__post_init__``) and once more, for assignments
+made after that, at the one gate where it starts work: the provider's ``finalize`` (Bridge's
+``ConfigContainer.validate``, the CPU loop's build), or ``make_noisy`` for a model built without Bridge. A
+distillation provider's constraints (``validate_distillation``) are checked on the values an override would leave
+(``apply_overrides``) and at ``finalize``. Nothing between or after re-checks. Every scalar check of the configs,
+the privacy math and the audit raises the one ``SettingError`` (a ``ValueError``) naming the setting, the value and
+what is allowed.
 """
 
 from __future__ import annotations
@@ -25,78 +26,87 @@ from nemo_noise_plugin.validation import SettingError, check_int, check_number
 
 
 @pytest.fixture
-def checks(monkeypatch):
-    """Counts of the real ``_check`` runs of each config class (the real method runs; only counted)."""
-    counts: Counter[str] = Counter()
-    for config_type in (NoiseConfig, KDConfig):
-        real = config_type._check
+def calls(monkeypatch):
+    """Counts of the real checks, per method and per checked object (the real methods run; only counted).
 
-        def counted(self, _real=real, _name=config_type.__name__):
+    Keys: ``NoiseConfig``, ``KDConfig``, ``validate_distillation``, and ``(name, id(obj))`` for each object."""
+    from nemo_noise_plugin.providers import DistillationProviderMixin
+
+    counts: Counter = Counter()
+    for owner, method, name in (
+        (NoiseConfig, "validate", "NoiseConfig"),
+        (KDConfig, "validate", "KDConfig"),
+        (DistillationProviderMixin, "validate_distillation", "validate_distillation"),
+    ):
+        real = getattr(owner, method)
+
+        def counted(self, _real=real, _name=name):
             counts[_name] += 1
-            _real(self)
+            counts[_name, id(self)] += 1
+            return _real(self)
 
-        monkeypatch.setattr(config_type, "_check", counted)
+        monkeypatch.setattr(owner, method, counted)
     return counts
 
 
-def _build_and_pass_the_launch_gates(overrides: list[str]):
-    """A finetune build (recipe, overrides, validation) and the gates ``launch`` and Bridge's validate pass."""
-    from nemo_noise_plugin.jobs.launch.finetune import run_finetune
-    from nemo_noise_plugin.training.overrides import apply_overrides, validate_plugin_settings
-
-    config = run_finetune("tiny_noise_distillation", overrides, dryrun=True, print_fn=lambda _: None)
-    apply_overrides(config, [])  # launch() applies its own (here no) overrides
-    validate_plugin_settings(config)  # then validates the plugin's settings
-    config.model.finalize()  # Bridge's ConfigContainer.validate finalizes the provider
-    return config
+def _per_object(counts: Counter, name: str) -> list[int]:
+    return sorted(count for key, count in counts.items() if isinstance(key, tuple) and key[0] == name)
 
 
-def test_one_build_checks_each_config_once(megatron_cpu, checks, monkeypatch):
-    calls: Counter[str] = Counter()
-    for config_type in (NoiseConfig, KDConfig):
-        real = config_type.validate
+def test_one_cpu_run_through_launch_checks_each_config_twice(calls, tmp_path):
+    from nemo_noise_plugin.jobs.launch.launcher import launch
+    from nemo_noise_plugin.recipes.tiny import tiny_noise_distillation_config
 
-        def called(self, _real=real, _name=config_type.__name__):
-            calls[_name] += 1
-            _real(self)
-
-        monkeypatch.setattr(config_type, "validate", called)
-    config = _build_and_pass_the_launch_gates(["train.train_iters=3"])
-    assert config.train.train_iters == 3
-    assert calls["KDConfig"] >= 5 and calls["NoiseConfig"] >= 3  # every gate still asks
-    assert checks == {"NoiseConfig": 1, "KDConfig": 1}  # the checks ran once per config
+    config = tiny_noise_distillation_config(dir=str(tmp_path))
+    assert (calls["NoiseConfig"], calls["KDConfig"], calls["validate_distillation"]) == (1, 1, 0)  # constructed
+    launch(config, ["train.train_iters=1"], allow_cpu_loop=True)
+    # construction + finalize for each config; the override boundary + finalize for the provider's constraints
+    # (before issue 36: NoiseConfig 7, KDConfig 6, validate_distillation 4)
+    assert (calls["NoiseConfig"], calls["KDConfig"], calls["validate_distillation"]) == (2, 2, 2)
+    assert _per_object(calls, "NoiseConfig") == [2] and _per_object(calls, "KDConfig") == [2]
 
 
-def test_a_config_an_override_touches_is_checked_once_more_as_rebuilt(megatron_cpu, checks):
-    config = _build_and_pass_the_launch_gates(["model.kd.temperature=2", "model.noise.alpha=10"])
-    assert (config.model.kd.temperature, config.model.noise.alpha) == (2.0, 10.0)
-    assert type(config.model.kd.temperature) is float  # the int became a float before the one check
-    assert checks == {"NoiseConfig": 2, "KDConfig": 2}  # the recipe's objects, and the rebuilt ones once each
+def test_an_override_rebuilds_the_config_and_the_rebuilt_one_is_checked_twice(calls, tmp_path):
+    from nemo_noise_plugin.jobs.launch.launcher import launch
+    from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
+
+    config = tiny_noise_sft_config(dir=str(tmp_path))
+    recipes_noise = config.model.noise
+    launch(config, ["train.train_iters=1", "model.noise.alpha=10"], allow_cpu_loop=True)
+    assert config.model.noise is not recipes_noise and config.model.noise.alpha == 10.0
+    assert calls["NoiseConfig", id(recipes_noise)] == 1  # constructed, then replaced by the override's rebuild
+    assert calls["NoiseConfig", id(config.model.noise)] == 2  # the rebuild's construction, then finalize
+    assert calls["NoiseConfig"] == 3
 
 
-def test_an_assignment_after_the_build_is_caught_at_the_next_gate(megatron_cpu):
-    from nemo_noise_plugin.training.overrides import ConfigOverrideError, validate_plugin_settings
+def test_make_noisy_is_the_gate_for_a_model_built_without_bridge(megatron_cpu, calls):
+    from nemo_noise_plugin.model import make_noisy
+    from tests.support.models import build_tiny_gpt
 
-    config = _build_and_pass_the_launch_gates([])
+    noise = NoiseConfig(alpha=5.0)
+    model = make_noisy(build_tiny_gpt(), noise)
+    assert model.noise_config is noise and calls["NoiseConfig"] == 2  # construction, then make_noisy
+    noise.alpha = -1.0
+    with pytest.raises(SettingError, match=r"^NoiseConfig\.alpha=-1\.0 is invalid: expected a finite number >= 0"):
+        make_noisy(model, noise)
+
+
+def test_an_assignment_after_construction_is_caught_at_finalize_naming_the_field(megatron_cpu, tmp_path):
+    from nemo_noise_plugin.recipes.tiny import tiny_noise_distillation_config
+
+    config = tiny_noise_distillation_config(dir=str(tmp_path))
     config.model.kd.temperature = 0.0
-    with pytest.raises(ConfigOverrideError, match=r"model\.kd\.temperature=0\.0 is invalid: expected a finite"):
-        validate_plugin_settings(config)
+    with pytest.raises(SettingError, match=r"^KDConfig\.temperature=0\.0 is invalid: expected a finite number"):
+        config.model.finalize()
     config.model.kd.temperature = 2.0
     config.model.noise.special_token_ids.append(-1)  # an in-place change of a list field
-    with pytest.raises(ValueError, match=r"NoiseConfig\.special_token_ids=\[.*-1\] is invalid"):
+    with pytest.raises(SettingError, match=r"^NoiseConfig\.special_token_ids=\[.*-1\] is invalid"):
         config.model.finalize()
 
 
-def test_assignments_after_construction_are_checked_however_small(checks):
+def test_assignments_after_construction_are_checked_however_small():
     kd = KDConfig()
-    kd.validate()
-    assert checks["KDConfig"] == 1
-    kd.temperature = 0.0
-    with pytest.raises(SettingError, match=r"KDConfig\.temperature=0\.0 is invalid"):
-        kd.validate()
-    kd.temperature = 1.0  # back to the checked values: nothing to check again ...
-    kd.validate()
-    kd.enabled = 1  # ... but 1 is not True, although 1 == True
+    kd.enabled = 1  # 1 == True, but not a bool
     with pytest.raises(SettingError, match=r"KDConfig\.enabled=1 is invalid: expected true or false"):
         kd.validate()
     noise = NoiseConfig(alpha=1)
@@ -108,16 +118,7 @@ def test_assignments_after_construction_are_checked_however_small(checks):
         noise.validate()
 
 
-def test_a_failed_check_is_not_remembered(checks):
-    noise = NoiseConfig()
-    noise.sigma = -1.0
-    for _ in range(2):
-        with pytest.raises(SettingError):
-            noise.validate()
-    assert checks["NoiseConfig"] == 3  # construction, then both failed checks ran
-
-
-def test_the_memo_is_invisible_on_the_config(checks):
+def test_a_config_holds_its_fields_only():
     import copy
     import dataclasses
 
@@ -125,11 +126,7 @@ def test_the_memo_is_invisible_on_the_config(checks):
     assert set(vars(checked)) == {field.name for field in dataclasses.fields(NoiseConfig)}
     assert NoiseConfig(**{**vars(checked), "alpha": 2.0}).alpha == 2.0  # the fields, and only they, rebuild it
     assert dataclasses.replace(checked, alpha=4.0).alpha == 4.0
-    assert checks["NoiseConfig"] == 3
-    duplicate = copy.deepcopy(checked)
-    duplicate.validate()  # a copy is another config: checked afresh, once
-    duplicate.validate()
-    assert checks["NoiseConfig"] == 4 and duplicate == checked
+    assert copy.deepcopy(checked) == checked
 
 
 def test_setting_error_names_setting_value_and_allowed_and_pickles():

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from nemo_noise_plugin.validation import check_choice
 
 __all__ = [
     "INSTRUCTION_SPLITS",
@@ -74,8 +75,7 @@ def instruction_examples(split: str = "validation") -> list[dict[str, Any]]:
     >>> example["task"] in INSTRUCTION_TASKS, [m["role"] for m in example["messages"]]
     (True, ['system', 'user', 'assistant'])
     """
-    if split not in INSTRUCTION_SPLITS:
-        raise ValueError(f"split={split!r} is invalid: expected one of {', '.join(INSTRUCTION_SPLITS)}.")
+    check_choice("split", split, tuple(INSTRUCTION_SPLITS))
     with open(instruction_files()[split]) as handle:
         return [json.loads(line) for line in handle if line.strip()]
 

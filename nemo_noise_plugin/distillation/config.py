@@ -13,7 +13,6 @@ from typing import Any, Literal
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
 from nemo_noise_plugin.validation import (
     SettingError,
-    ValidatedSettings,
     check_bool,
     check_choice,
     check_int,
@@ -39,7 +38,7 @@ rounding error."""
 
 
 @dataclass
-class KDConfig(ValidatedSettings):
+class KDConfig:
     """Knowledge-distillation settings for a noisy student and a frozen clean teacher, validated on construction.
 
     The training loss is ``ce_weight * CE + kd_weight * s * KD + hidden_weight * H`` where each term is a mean over
@@ -84,13 +83,11 @@ class KDConfig(ValidatedSettings):
         """Check every field as it is now; ``SettingError`` (a ``ValueError``) naming the field, the value and what
         is allowed.
 
-        Runs on construction, and again from ``NoisyDistillationProvider.finalize`` (which Bridge's
-        ``ConfigContainer.validate`` calls) and the launch, because an assignment after construction
-        (``config.temperature = 0``) does not run ``__post_init__``; the checks themselves (``_check``) run once per
-        distinct field values (``validation.ValidatedSettings``), so an unchanged config is checked once per build.
-        Normalises ``hidden_layers`` to a list.
+        Runs on construction and once more at ``NoisyDistillationProvider.finalize`` (which Bridge's
+        ``ConfigContainer.validate`` calls), because an assignment after construction (``config.temperature = 0``)
+        does not run ``__post_init__``; code past the gate trusts the config. Normalises ``hidden_layers`` to a list.
         """
-        super().validate()
+        self._check()
 
     def _check(self) -> None:
         check_choice(_FIELD + "loss", self.loss, KD_LOSSES)

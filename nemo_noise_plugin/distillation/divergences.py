@@ -32,6 +32,7 @@ from nemo_noise_plugin.distillation.vocab_parallel import (
     vocab_parallel_log_softmax,
 )
 from nemo_noise_plugin.utils import group_rank, group_size
+from nemo_noise_plugin.validation import check_choice, check_number
 
 ProcessGroup = dist.ProcessGroup
 MAX = dist.ReduceOp.MAX
@@ -99,12 +100,9 @@ def logit_divergence(
     distributions are renormalised over the teacher's top-k tokens (ties at the k-th value broken arbitrarily).
     Logits are ``[..., V/tp]`` shards on ``tp_group``; the result ``[...]`` is identical on every rank.
     """
-    if kind not in KD_LOSSES:
-        raise ValueError(f"kind={kind!r} is invalid: expected one of {', '.join(KD_LOSSES)}.")
-    if not 0.0 < beta < 1.0:
-        raise ValueError(f"beta={beta!r} is invalid: expected 0 < beta < 1.")
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature!r} is invalid: expected > 0.")
+    check_choice("kind", kind, KD_LOSSES)
+    check_number("beta", beta, minimum=0.0, maximum=1.0, inclusive=False)
+    check_number("temperature", temperature, minimum=0.0, inclusive=False)
     if student_logits.shape != teacher_logits.shape:
         raise ValueError(f"student logits {tuple(student_logits.shape)} != teacher {tuple(teacher_logits.shape)}.")
     dtype = compute_dtype(student_logits, teacher_logits)

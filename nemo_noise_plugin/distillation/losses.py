@@ -25,6 +25,7 @@ from nemo_noise_plugin.distillation.vocab_parallel import (
     token_cross_entropy,
 )
 from nemo_noise_plugin.utils import group_size
+from nemo_noise_plugin.validation import SettingError
 
 ProcessGroup = dist.ProcessGroup
 
@@ -57,7 +58,7 @@ def hidden_state_loss(student_hidden: Tensor, teacher_hidden: Tensor, kind: str)
         return (student - teacher).square().mean(dim=-1)
     if kind == "cosine":
         return 1.0 - F.cosine_similarity(student, teacher, dim=-1, eps=1e-8)
-    raise ValueError(f"kind={kind!r} is invalid: expected mse or cosine.")
+    raise SettingError("kind", kind, "mse or cosine")
 
 
 def kd_token_mask(loss_mask: Tensor, tokens: str, padding_mask: Tensor | None = None) -> Tensor:
@@ -67,7 +68,7 @@ def kd_token_mask(loss_mask: Tensor, tokens: str, padding_mask: Tensor | None = 
         return loss_mask if padding_mask is None else loss_mask * padding_mask.to(loss_mask.dtype)
     if tokens == "all":
         return torch.ones_like(loss_mask) if padding_mask is None else padding_mask.to(loss_mask.dtype)
-    raise ValueError(f"tokens={tokens!r} is invalid: expected all or response.")
+    raise SettingError("tokens", tokens, "all or response")
 
 
 class DistillationLoss(NamedTuple):

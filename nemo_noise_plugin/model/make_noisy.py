@@ -41,19 +41,22 @@ def _noisy_class_for(model_class: type) -> type:
     return type(f"Noisy{model_class.__name__}", (NoiseInjectionMixin, model_class), {"__module__": __name__})
 
 
-def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig) -> torch.nn.Module:
+def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig, *, checked: bool = False) -> torch.nn.Module:
     """Make an already built Megatron-Core GPT or hybrid model noisy, in place, and return the (unwrapped) model.
 
     Accepts a ``GPTModel`` or ``HybridModel`` (or subclass) or one wrapped in DDP/FSDP/``Float16Module``. Only this
     instance's class changes (to a subclass adding ``NoiseInjectionMixin``); parameters, buffers and state-dict keys
     are untouched. A model that is already noisy just takes the new config. ``noise_config`` is checked first
-    (``NoiseConfig.validate``: a value assigned after construction is refused with a ``ValueError`` naming it), so a
-    bad config leaves the model as it was.
+    (``NoiseConfig.validate``: a value assigned after construction is refused with a ``SettingError`` naming it), so
+    a bad config leaves the model as it was: for a model built without Bridge this is the config's one gate after
+    construction, as a provider's ``finalize`` is with Bridge.
 
     Args:
         model: a built ``GPTModel`` / ``HybridModel`` (or subclass), bare or wrapped in DDP, FSDP or
             ``Float16Module``; on a pipeline-parallel run, each stage's chunk (noise is drawn on the first stage only).
         noise_config: the noise settings (``NoiseConfig``, or ``load_noise_config("neftune_alpha5")`` for a preset).
+        checked: the caller has checked ``noise_config`` as it is now (a provider past its ``finalize``, a config just
+            constructed by ``dataclasses.replace``), so it is not checked again.
 
     Returns:
         The unwrapped model, now an instance of the noisy subclass (the same object as the wrapper's module).
@@ -65,7 +68,8 @@ def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig) -> torch.nn.Mo
     """
     if not isinstance(noise_config, NoiseConfig):
         raise TypeError(f"make_noisy: noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
-    noise_config.validate()
+    if not checked:
+        noise_config.validate()
     inner = unwrap_model(model)
     if isinstance(inner, NoiseInjectionMixin):
         inner.init_noise(noise_config)

@@ -55,10 +55,11 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
     ``projection_recovery(ids, input_ids)`` is its nearest-neighbour recovery); None before one."""
 
     def init_noise(self, noise_config: NoiseConfig) -> None:
-        """Attach the noise layer and a fresh clock configured by ``noise_config`` (replacing any earlier one)."""
+        """Attach the noise layer and a fresh clock configured by ``noise_config`` (replacing any earlier one).
+
+        ``noise_config`` is trusted as its construction (and ``make_noisy`` or a provider's ``finalize``) left it."""
         if not isinstance(noise_config, NoiseConfig):
             raise TypeError(f"noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
-        noise_config.validate()  # its fields as they are now (an assignment after construction skips __post_init__)
         check_noise_fits(noise_config, self.config.hidden_size, getattr(self.config, "params_dtype", None))
         self.noise_config = noise_config
         self.noise_layer = EmbeddingNoise(

@@ -10,7 +10,6 @@ from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
 from nemo_noise_plugin.validation import (
     SettingError,
-    ValidatedSettings,
     check_bool,
     check_choice,
     check_float32,
@@ -48,7 +47,7 @@ _FIELD = "NoiseConfig."
 
 
 @dataclass
-class NoiseConfig(ValidatedSettings):
+class NoiseConfig:
     """Embedding-noise settings, validated on construction.
 
     Noise ``z`` is added to each selected token's embedding ``x`` (``d`` = hidden size, ``f(t)`` = schedule factor):
@@ -143,13 +142,12 @@ class NoiseConfig(ValidatedSettings):
         """Check every field as it is now; ``SettingError`` (a ``ValueError``) naming the field, the value and what
         is allowed.
 
-        Runs on construction, and again wherever a config can start work (a provider's ``finalize``, which Bridge's
-        ``ConfigContainer.validate`` calls; ``make_noisy``; the privacy ledger and audit), because an assignment
-        after construction (``config.alpha = -1``) does not run ``__post_init__``; the checks themselves
-        (``_check``) run once per distinct field values (``validation.ValidatedSettings``), so an unchanged config
-        is checked once per build. Normalises ``special_token_ids`` to a list.
+        Runs on construction and once more at the gate where the config starts work (a provider's ``finalize``,
+        which Bridge's ``ConfigContainer.validate`` calls; ``make_noisy`` for a model built without Bridge), because
+        an assignment after construction (``config.alpha = -1``) does not run ``__post_init__``; code past the gate
+        trusts the config. Normalises ``special_token_ids`` to a list.
         """
-        super().validate()
+        self._check()
 
     def _check(self) -> None:
         check_choice(_FIELD + "mechanism", self.mechanism, MECHANISMS)

@@ -120,8 +120,7 @@ def privacy_ledger(
 
     ``delta`` is the per-sequence delta of the Gaussian mechanism's conversions (default: ``config.delta``);
     ``hidden_size`` adds the expected noise norm of a privacy mechanism, and is required by a clipped ``laplace``
-    config, whose epsilon depends on it. ``config`` is checked as it is now first (``NoiseConfig.validate``: an
-    assignment after construction is refused with a ``ValueError`` naming the field).
+    config, whose epsilon depends on it. ``config`` is trusted as its construction (or its run's gate) checked it.
 
     Args:
         config: the noise settings of the run.
@@ -138,7 +137,6 @@ def privacy_ledger(
         ledger = privacy_ledger(load_noise_config("dp_gaussian_mechanism"), sequence_length=512, hidden_size=576)
         print(format_ledger(ledger))
     """
-    config.validate()
     _check_count("sequence_length", sequence_length)
     _check_count("epochs", epochs)
     if hidden_size is not None:

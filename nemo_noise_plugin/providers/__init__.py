@@ -43,6 +43,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.schedule_plan.builder import use_plugin_schedule_plan
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.utils import should_attach_noise
+from nemo_noise_plugin.validation import SettingError
 
 GPTModelProvider = import_bridge("megatron.bridge.models.gpt_provider").GPTModelProvider
 
@@ -79,8 +80,8 @@ def __getattr__(name: str) -> Any:
 
 @dataclass
 class NoiseProviderMixin:
-    """The noise half of the plugin's providers, on any Bridge provider class: the ``noise`` field, its check at
-    ``finalize`` and ``provide``, and the noisy model on the chunk that ``should_attach_noise`` selects.
+    """The noise half of the plugin's providers, on any Bridge provider class: the ``noise`` field, its gate at
+    ``finalize``, and the noisy model on the chunk that ``should_attach_noise`` selects.
 
     Put it first in the bases (``class P(NoiseProviderMixin, GPTModelProvider)``): its ``finalize`` and ``provide``
     run the Bridge class's own through ``super()``. ``NoisyGPTModelProvider`` and ``providers.hybrid``'s
@@ -104,9 +105,10 @@ class NoiseProviderMixin:
     def finalize(self) -> None:
         """The noise settings checked as they are now (``NoiseConfig.validate``), then Bridge's own checks.
 
-        Bridge's ``ConfigContainer.validate`` (``pretrain``/``finetune``) and the CPU loop call this before any model
-        is built, so a value assigned after construction (``cfg.model.noise.alpha = -1``) is refused here with a
-        ``ValueError`` naming it. An enabled noise of magnitude 0 (``alpha=0``) is allowed, with a one-line warning.
+        The noise settings' one gate after construction: Bridge's ``ConfigContainer.validate``
+        (``pretrain``/``finetune``) and the CPU loop call this before any model is built, so a value assigned after
+        construction (``cfg.model.noise.alpha = -1``) is refused here with a ``SettingError`` naming it; ``provide``
+        trusts what passed it. An enabled noise of magnitude 0 (``alpha=0``) is allowed, with a one-line warning.
         """
         self.validate_noise()
         silent = self.noise.silent_field
@@ -121,21 +123,30 @@ class NoiseProviderMixin:
 
     def validate_noise(self) -> None:
         """Check ``noise``: a ``NoiseConfig`` (``TypeError`` otherwise) whose fields are valid now (``ValueError``)."""
-        if not isinstance(self.noise, NoiseConfig):
-            raise TypeError(
-                f"{self.provider_name}.noise must be a NoiseConfig, got {type(self.noise).__name__}: {self.noise!r}."
-            )
-        self.noise.validate()
+        _noise_config_of(self).validate()
 
     def provide(self, pre_process=None, post_process=None, vp_stage=None):
-        """Build one model chunk as the Bridge provider's ``provide`` does; noisy where ``should_attach_noise`` says."""
-        self.validate_noise()
+        """Build one model chunk as the Bridge provider's ``provide`` does; noisy where ``should_attach_noise`` says.
+
+        Bridge builds only from a finalized provider, so ``noise`` is the one ``finalize`` checked: not checked again.
+        """
+        noise = _noise_config_of(self)  # a NoiseConfig still (a type check, not the fields again)
         model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
         if should_attach_noise(vp_stage):
-            make_noisy(model, self.noise)
+            make_noisy(model, noise, checked=True)
         else:  # no noise here, but the plugin's schedule-plan nodes all the same (see PluginSchedulePlanMixin)
             use_plugin_schedule_plan(model)
         return model
+
+
+def _noise_config_of(provider: NoiseProviderMixin) -> NoiseConfig:
+    """``provider.noise``; ``TypeError`` naming the provider unless it is a ``NoiseConfig``."""
+    if not isinstance(provider.noise, NoiseConfig):
+        raise TypeError(
+            f"{provider.provider_name}.noise must be a NoiseConfig, got {type(provider.noise).__name__}: "
+            f"{provider.noise!r}."
+        )
+    return provider.noise
 
 
 @dataclass
@@ -167,8 +178,12 @@ class DistillationProviderMixin:
 
     def finalize(self) -> None:
         """The noise settings and Bridge's checks, plus the distillation constraints (before any GPU memory is
-        touched); a KD that is enabled but weighs nothing (``kd_weight=0``, no hidden loss) gets a one-line warning."""
+        touched); a KD that is enabled but weighs nothing (``kd_weight=0``, no hidden loss) gets a one-line warning.
+
+        The distillation settings' one gate after construction (``validate_kd``, then ``validate_distillation``);
+        ``provide_distributed_model`` trusts what passed it."""
         super().finalize()
+        self.validate_kd()
         self.validate_distillation()
         kd = self.kd
         if kd.enabled and kd.kd_weight == 0 and kd.hidden_weight == 0:
@@ -179,12 +194,21 @@ class DistillationProviderMixin:
                 stacklevel=2,
             )
 
+    def validate_kd(self) -> None:
+        """Check ``kd``: a ``KDConfig`` (``TypeError`` otherwise) whose fields are valid now (``KDConfig.validate``)."""
+        if not isinstance(self.kd, KDConfig):
+            raise TypeError(f"{self.provider_name}.kd must be a KDConfig, got {type(self.kd).__name__}.")
+        self.kd.validate()
+
     def validate_distillation(self) -> None:
-        """Reject settings the distillation path does not support, naming the setting and the value."""
+        """Reject settings the distillation path does not support, naming the setting and the value: the teacher
+        checkpoint and the provider's settings against ``kd``'s (whose own fields ``KDConfig`` checks).
+
+        Runs at ``finalize`` and, on the values an override would leave, in ``training.overrides.apply_overrides``.
+        """
         name = self.provider_name
         if not isinstance(self.kd, KDConfig):
             raise TypeError(f"{name}.kd must be a KDConfig, got {type(self.kd).__name__}.")
-        self.kd.validate()
         check_teacher_checkpoint(self.teacher_checkpoint)
         if not self.kd.enabled:
             return
@@ -211,18 +235,20 @@ class DistillationProviderMixin:
             layers = self.decoder_layer_count(self)
             for index in self.kd.hidden_layers:
                 if layers is not None and not 0 <= index < layers:
-                    raise ValueError(
-                        f"KDConfig.hidden_layers={self.kd.hidden_layers!r} is invalid: layer {index} is outside "
-                        f"0..{layers - 1} (num_layers={layers})."
+                    raise SettingError(
+                        "KDConfig.hidden_layers",
+                        self.kd.hidden_layers,
+                        f"layer indices in 0..{layers - 1}",
+                        context=f" with num_layers={layers}",
                     )
 
     def provide_distributed_model(self, *args: Any, **kwargs: Any) -> list:
         """Bridge's model building and wrapping, then a clean teacher snapshot for each model chunk.
 
         Under pipeline parallelism the chunks also get the teacher's point-to-point channel
-        (``distillation.pipeline_teacher``); creating it is collective over all ranks, as model building is.
+        (``distillation.pipeline_teacher``); creating it is collective over all ranks, as model building is. The
+        settings are the ones ``finalize`` checked (Bridge builds only from a finalized provider).
         """
-        self.validate_distillation()
         model = super().provide_distributed_model(*args, **kwargs)
         if self.kd.enabled:
             for chunk in model:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from nemo_noise_plugin.recipes.common import default_kd, noisy_provider
 from nemo_noise_plugin.recipes.registry import register_recipe
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from nemo_noise_plugin.validation import check_choice
 
 if TYPE_CHECKING:
     from nemo_noise_plugin.distillation.config import KDConfig
@@ -48,8 +49,7 @@ def noise_recipe_from_bridge(
     pretrained_checkpoint: str | None = None,
 ):
     """Bridge's SFT recipe for ``model`` with the plugin's provider (distillation when ``kd`` is given)."""
-    if model not in BRIDGE_SFT_RECIPES:
-        raise ValueError(f"model={model!r} is invalid: expected one of {', '.join(BRIDGE_SFT_RECIPES)}.")
+    check_choice("model", model, tuple(BRIDGE_SFT_RECIPES))
     module, function = BRIDGE_SFT_RECIPES[model]
     config = getattr(import_bridge(module), function)()
     config.model = noisy_provider(config.model, noise, kd)

@@ -71,8 +71,8 @@ def apply_overrides(config: Any, overrides: list[str], *, config_filepath: str |
     - every key names a field: ``+train.itres=3`` or ``+model.noise.alpah=3`` raise (Bridge only logs a warning);
     - a ``NoiseConfig``/``KDConfig`` that the file or the overrides touch is validated by constructing it anew (its
       ``__post_init__``, once, with ints turned into floats for float fields first), and the new object replaces
-      the old one; an untouched one stays as it is (checked again at the next gate only if it changed since its
-      last check: ``validation.ValidatedSettings``);
+      the old one; an untouched one stays as it is (an assignment made to it in Python after its construction is
+      caught at its gate, the provider's ``finalize``);
     - ``~key`` on a dataclass field restores the field's declared default (Bridge would keep the old value);
     - a ``NoisyDistillationProvider`` re-checks its distillation constraints (``validate_distillation``).
 
@@ -105,31 +105,13 @@ def apply_overrides(config: Any, overrides: list[str], *, config_filepath: str |
 
 
 def validate_plugin_settings(config: Any) -> None:
-    """Check the plugin's settings of a ``ConfigContainer`` as they are now, however they were set; raise
+    """Check the run settings of a ``ConfigContainer`` that Bridge leaves to training time; raise
     ``ConfigOverrideError`` naming the key.
 
-    ``NoiseConfig`` and ``KDConfig`` validate when constructed, but an assignment after that
-    (``config.model.kd.temperature = 0.0``) skips ``__post_init__``; this re-checks each of them as it is now
-    (their ``validate``), re-checks a ``NoisyDistillationProvider``'s constraints, and rejects a run that would
-    train nothing (``train.train_iters`` < 1) or a learning rate that is not a finite number > 0. Call it before
-    any model is built (``jobs.launch.launcher.launch`` does).
+    Refuses a run that would train nothing (``train.train_iters`` < 1) or a learning rate that is not a finite
+    number > 0. Call it before any model is built (``jobs.launch.launcher.launch`` does). The noise and KD settings
+    are not checked here: their gates are construction and the provider's ``finalize`` (docs/bridge_config.md).
     """
-    from nemo_noise_plugin.providers import DISTILLATION_PROVIDERS
-
-    model = getattr(config, "model", None)
-    for name in ("noise", "kd"):
-        current = getattr(model, name, None)
-        if isinstance(current, VALIDATED_CONFIG_TYPES):
-            try:
-                current.validate()
-            except (TypeError, ValueError) as error:
-                raise ConfigOverrideError(name_key(str(error), {type(current).__name__: f"model.{name}"})[0]) from None
-    if isinstance(model, DISTILLATION_PROVIDERS):
-        try:
-            model.validate_distillation()
-        except (TypeError, ValueError) as error:
-            names = {"KDConfig": "model.kd", "NoiseConfig": "model.noise", type(model).__name__: "model"}
-            raise ConfigOverrideError(name_key(str(error), names)[0]) from None
     train_iters = getattr(getattr(config, "train", None), "train_iters", None)
     counts = isinstance(train_iters, int) and not isinstance(train_iters, bool)
     if train_iters is not None and not (counts and train_iters >= 1):
@@ -228,6 +210,17 @@ def load_config_yaml(path: str | os.PathLike[str]):
     return container.from_dict(OmegaConf.to_container(OmegaConf.create(values), resolve=True))
 
 
+def _identical(first: Any, second: Any) -> bool:
+    """Equal and of the same types throughout (``1`` is neither ``True`` nor ``1.0`` here)."""
+    if type(first) is not type(second):
+        return False
+    if isinstance(first, dict):
+        return first.keys() == second.keys() and all(_identical(first[key], second[key]) for key in first)
+    if isinstance(first, list):
+        return len(first) == len(second) and all(map(_identical, first, second))
+    return first == second
+
+
 class _Plan:
     """Walks the config next to its overridden mapping, checking keys and preparing what to set after Bridge."""
 
@@ -253,9 +246,10 @@ class _Plan:
             current = getattr(obj, name)
             key = join_key(path, name)
             if isinstance(current, VALIDATED_CONFIG_TYPES):
-                # Untouched by the file and the overrides: the config stays as it is (checked once, at the next gate,
-                # only if it changed since its last check); otherwise rebuilt from its new fields, which checks them.
-                unchanged = isinstance(value, dict) and value == before.get(name)
+                # Untouched by the file and the overrides: the config stays as it is (an assignment made to it in
+                # Python is caught at its gate, finalize); otherwise rebuilt from its new fields, which checks them.
+                # Untouched means identical, types included: enabled=1 equals True but is not a bool.
+                unchanged = isinstance(value, dict) and _identical(value, before.get(name))
                 self.replacements.append(
                     (obj, name, current if unchanged else self._rebuild(type(current), value, key))
                 )
@@ -338,7 +332,8 @@ def _check_scalar_type(owner: type, name: str, value: Any, key: str, overrides: 
 
 
 def _validate_distillation(config: Any, after: dict, plan: _Plan) -> None:
-    """Run a distillation provider's ``validate_distillation`` on the overridden values, before they are applied."""
+    """Run a distillation provider's ``validate_distillation`` on the overridden values, before they are applied
+    (the override's boundary: its ``KDConfig`` was just rebuilt, so its own fields are checked already)."""
     from nemo_noise_plugin.providers import DISTILLATION_PROVIDERS
 
     model = getattr(config, "model", None)

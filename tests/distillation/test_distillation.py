@@ -206,7 +206,10 @@ def test_noise_forward_step_is_bridges_step_plus_the_noise_clock_and_the_loss_ma
             dict(pipeline_model_parallel_size=2, kd=KDConfig(hidden_loss="mse", hidden_layers=[0])),
             "hidden_loss='mse' is not supported with pipeline_model_parallel_size=2",
         ),
-        (dict(kd=KDConfig(hidden_loss="mse", hidden_layers=[5])), "layer 5 is outside 0..1"),
+        (
+            dict(kd=KDConfig(hidden_loss="mse", hidden_layers=[5])),
+            r"hidden_layers=\[5\] is invalid with num_layers=2: expected layer indices in 0\.\.1",
+        ),
     ],
 )
 def test_unsupported_distillation_settings_are_rejected_before_building(bridge, overrides, message):

@@ -116,7 +116,7 @@ def test_distillation_constraints_are_checked_against_the_overridden_model(io, d
         io,
         distillation,
         ["model.kd.hidden_loss=mse", "model.kd.hidden_layers=[4]", "model.kd.hidden_weight=1"],
-        "model.kd.hidden_layers=[4] is invalid: layer 4 is outside 0..3 (num_layers=4)",
+        "model.kd.hidden_layers=[4] is invalid with num_layers=4: expected layer indices in 0..3",
     )
     io["config_io"].apply_overrides(
         distillation,
@@ -150,3 +150,10 @@ def test_the_overridden_config_still_passes_bridges_validation(io, sft):
 
 def test_deleting_a_null_field_is_rejected_with_the_reason(io, sft):
     _rejects(io, sft, ["~model.noise.clip_norm"], "~model.noise.clip_norm is invalid: its value is already null")
+
+
+def test_an_override_equal_to_the_value_but_of_another_type_is_checked(io, distillation):
+    """``1 == True``: ``model.noise.enabled=1`` must not pass as "untouched" (the rebuild checks it, naming the key)."""
+    _rejects(io, distillation, ["model.noise.enabled=1"], "model.noise.enabled=1 is invalid: expected true or false")
+    _rejects(io, distillation, ["model.kd.enabled=1"], "model.kd.enabled=1 is invalid: expected true or false")
+    assert distillation.model.noise.enabled is True and distillation.model.kd.enabled is True

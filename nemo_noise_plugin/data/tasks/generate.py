@@ -12,6 +12,7 @@ from pathlib import Path
 from nemo_noise_plugin.data.tasks import sentiment_reviews, support_tickets
 from nemo_noise_plugin.data.tasks.common import write_jsonl
 from nemo_noise_plugin.data.tasks.shipped import CANARY_SPLIT
+from nemo_noise_plugin.validation import SettingError
 
 __all__ = ["GENERATED_FAMILIES", "write_family"]
 
@@ -31,5 +32,5 @@ def write_family(family: str, folder: Path) -> dict[str, int]:
         splits = support_tickets.generate()
         extra = {CANARY_SPLIT: support_tickets.make_canaries(splits)}
     else:
-        raise ValueError(f"family={family!r} is invalid: expected one of {', '.join(GENERATED_FAMILIES)}.")
+        raise SettingError("family", family, f"one of {', '.join(GENERATED_FAMILIES)}")
     return {name: write_jsonl(Path(folder) / f"{name}.jsonl", rows) for name, rows in {**splits, **extra}.items()}

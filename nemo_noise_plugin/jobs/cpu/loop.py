@@ -282,10 +282,10 @@ def _checked_loss(loss_function: Callable, output: Any, step: int) -> Any:
 
 
 def _non_default(config: NoiseConfig) -> str:
-    defaults = type(config)()
+    """The fields that differ from their declared defaults (read off the fields: no second config is built)."""
     changed = {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
-        if getattr(config, f.name) != getattr(defaults, f.name)
+        if getattr(config, f.name) != (f.default_factory() if f.default is dataclasses.MISSING else f.default)
     }
     return f"{type(config).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"

@@ -126,8 +126,8 @@ def build_config(recipe: Callable[[], Any], factory: str) -> Any:
 
 
 def apply_overrides(config: Any, overrides: Sequence[str], config_file: str | None = None) -> Any:
-    """``training.overrides.apply_overrides`` (YAML file, then Bridge's Hydra path, plugin settings re-validated),
-    raising ``FinetuneError``."""
+    """``training.overrides.apply_overrides`` (YAML file, then Bridge's Hydra path, the touched settings checked),
+    then ``validate_plugin_settings``, raising ``FinetuneError``."""
     from nemo_noise_plugin.training.overrides import ConfigOverrideError, apply_overrides, validate_plugin_settings
 
     for override in overrides:

@@ -266,8 +266,10 @@ def launch(
     With a GPU: Bridge's real loop (``training_entry_for(config)``), after letting Bridge use megatron-core's prebuilt
     dataset helper (``use_prebuilt_dataset_helpers``); under ``torchrun`` every rank calls this. Without one: the CPU
     loop (``jobs.cpu.loop``) when ``allow_cpu_loop``, else ``GPUUnavailableError`` before anything else happens.
-    ``forward_step`` defaults to ``forward_step_for(config)``. The plugin's settings are validated again first
-    (``validate_plugin_settings``: whatever set them), and ``FiniteLossGuard`` stops a run whose loss is not finite.
+    ``forward_step`` defaults to ``forward_step_for(config)``. The overrides are checked as they are applied, the run
+    settings Bridge leaves to training time next (``validate_plugin_settings``), and an assignment made in Python to
+    ``config.model.noise``/``kd`` at the provider's ``finalize`` (Bridge's ``ConfigContainer.validate``, or the CPU
+    loop's build); ``FiniteLossGuard`` stops a run whose loss is not finite.
     Under the plugin's commands Bridge's console output goes to the run folder's ``bridge.log``
     (``jobs.launch.bridge_console.bridge_output``), the callbacks' lines to the console.
 
