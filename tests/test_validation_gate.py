@@ -98,6 +98,16 @@ def test_make_noisy_refuses_settings_assigned_after_construction_and_leaves_the_
         assert type(model) is GPTModel and not hasattr(model, "noise_layer")
 
 
+def test_the_audit_is_its_own_gate_and_refuses_settings_assigned_after_construction():
+    from nemo_noise_plugin.privacy.audit import audit
+
+    config = NoiseConfig(alpha=5.0)
+    config.tokens = "answers"
+    table, token_ids = torch.randn(16, 8), torch.randint(0, 16, (2, 4))
+    with pytest.raises(ValueError, match=r"NoiseConfig\.tokens='answers' is invalid: expected one of all, prompt"):
+        audit(table, token_ids, config)
+
+
 def test_an_enabled_noise_of_magnitude_0_warns_in_one_line_when_the_run_is_validated(recipes, tmp_path):
     config = recipes.tiny_noise_sft_config(dir=str(tmp_path), noise=NoiseConfig(alpha=0.0))
     with pytest.warns(UserWarning, match=r"^NoiseConfig\.alpha=0\.0 with enabled=True adds no noise") as caught:

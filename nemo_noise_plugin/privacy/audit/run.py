@@ -70,7 +70,8 @@ def audit(
     ``tokens='spans'``: the protected tokens are those of ``private_mask`` (``[b, s]``, True inside a private span,
     as the training batch carries it), and recovery is always counted on them only (the clean tokens around them
     are in the clear: counting them would only dilute the rate); the attacks still see the whole sequence.
-    ``noise_config`` is trusted as its construction (or its run's gate) checked it.
+    ``noise_config`` is checked as it is now first: the audit is its own entry point (a job, not a training run's
+    path), so it is the gate for an assignment after construction, as ``make_noisy`` is for a model.
 
     Args:
         table: the model's input embedding table, ``[V, h]``.
@@ -87,6 +88,7 @@ def audit(
         report = audit(model.embedding.word_embeddings.weight, token_ids, load_noise_config("metric_dp"))
         print(report["attacks"]["nn_l2"]["overall"]["rate"])  # share of real tokens the nearest row recovers
     """
+    noise_config.validate()
     if rare_ids is None:
         check_number("rare_quantile", rare_quantile, minimum=0.0, maximum=1.0)
     attacks = check_attacks(attacks, noise_config, lm_log_probs)
