@@ -28,10 +28,14 @@ _LOG_ORDER_RANGE = (-40.0, 60.0)
 
 
 def gaussian_zcdp_rho(sigma: float, sensitivity: float) -> float:
-    """zCDP of one Gaussian release with noise ``sigma`` and L2 sensitivity ``D``: ``rho = D^2 / (2 sigma^2)``."""
+    """zCDP of one Gaussian release with noise ``sigma`` and L2 sensitivity ``D``: ``rho = D^2 / (2 sigma^2)``.
+
+    Computed as ``(D / sigma)^2 / 2``: the ratio is what a calibrated level fixes, so a subnormal clip norm (and with
+    it a subnormal sigma, whose square is 0.0) gives the level's rho, not a division by zero.
+    """
     check_positive("gaussian_zcdp_rho", "sigma", sigma)
     check_non_negative("gaussian_zcdp_rho", "sensitivity", sensitivity)
-    return sensitivity**2 / (2.0 * sigma**2)
+    return (sensitivity / sigma) ** 2 / 2.0
 
 
 def compose_zcdp(rhos: Iterable[float]) -> float:

@@ -14,6 +14,7 @@ from nemo_noise_plugin.noise.calibration import (
     gaussian_mechanism_epsilon,
     log_normal_cdf,
 )
+from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.accounting import (
     compose_pure_dp,
     compose_zcdp,
@@ -128,6 +129,16 @@ def test_epsilon_of_the_analytic_sigma_is_the_target_epsilon(epsilon, delta, sen
 def test_zcdp_rho_of_a_gaussian_release():
     assert gaussian_zcdp_rho(2.0, 2.0) == 0.5
     assert gaussian_zcdp_rho(1.2004581443979037, 2.0) == pytest.approx(1.3878289764790792, rel=1e-12)
+
+
+def test_a_subnormal_clip_norm_gives_the_levels_rho_not_a_division_by_zero():
+    """``nemo noise ledger ... clip_norm=5e-324`` (issue 36 finding 7): sigma scales with C, and so does D = 2C."""
+    from nemo_noise_plugin.privacy.ledger import privacy_ledger
+
+    assert gaussian_zcdp_rho(1e-323, 2e-323) == pytest.approx(2.0, rel=0.5)  # subnormals carry ~1 digit
+    tiny = privacy_ledger(NoiseConfig(mechanism="gaussian_mechanism", epsilon=4.0, clip_norm=5e-324), sequence_length=8)
+    normal = privacy_ledger(NoiseConfig(mechanism="gaussian_mechanism", epsilon=4.0, clip_norm=1.0), sequence_length=8)
+    assert tiny.per_token[0].epsilon == pytest.approx(normal.per_token[0].epsilon, rel=1e-6)
 
 
 def test_composition_adds_rho_and_pure_epsilon():
