@@ -301,7 +301,7 @@ class NoiseConfig(ValidatedSettings):
         family = noise_family(self.mechanism)
         if self.scaling == "embedding_distance" and family.length_scaled:
             return float(self.distance_multiple)
-        return family.magnitude(self)
+        return family.level(self)
 
     @property
     def silent_field(self) -> str | None:

@@ -237,16 +237,10 @@ def posterior_mean_noised(
 
 
 def denoise_noised(
-    noised: torch.Tensor,
-    selected: torch.Tensor,
-    embedding: Any,
-    config: NoiseConfig,
-    sequence_parallel: bool = False,
-    *,
-    group: dist.ProcessGroup | None = None,
-    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    noised: torch.Tensor, selected: torch.Tensor, embedding: Any, config: NoiseConfig, *args: Any, **options: Any
 ) -> Projection:
     """``config.projection`` applied to the noised tokens: ``posterior_mean_noised`` for ``posterior_mean``,
-    ``projection.project_noised`` for ``nearest_row`` (arguments as there); what the noise hooks call."""
+    ``projection.project_noised`` for ``nearest_row`` (further arguments as there: ``sequence_parallel``,
+    ``group``, ``max_elements``); what the noise hooks call."""
     replace = posterior_mean_noised if config.projection == "posterior_mean" else project_noised
-    return replace(noised, selected, embedding, config, sequence_parallel, group=group, max_elements=max_elements)
+    return replace(noised, selected, embedding, config, *args, **options)

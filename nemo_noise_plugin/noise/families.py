@@ -71,8 +71,6 @@ class NoiseFamily:
     name: str
     magnitude_field: str
     """The ``NoiseConfig`` field that sets the noise level (the robustness report's and the main job's axis)."""
-    magnitude: Callable[[Any], float]
-    """``config -> `` the base magnitude (``NoiseConfig.magnitude``; 0 means no noise)."""
     unit: str
     """The unit noise that ``token_scale`` multiplies: a row of ``noise.sampling.UNIT_SAMPLERS``."""
     scale: Callable[[Any], float] | None = None
@@ -102,15 +100,22 @@ class NoiseFamily:
     """The main job's ``magnitude_field`` when neither a flag nor ``--noise-config`` sets it (None: the config's)."""
     preset: str = ""
     """A shipped noise preset of this family (the example the tests and docs use)."""
+    magnitude: Callable[[Any], float] | None = None
+    """``config -> `` the base magnitude (``NoiseConfig.magnitude``; 0 means no noise); None: the value of
+    ``magnitude_field``."""
     check: Callable[[Any], None] | None = None
     """Extra validation of a config of this family (``NoiseConfig.__post_init__``), raising ``ValueError``."""
+
+    def level(self, config: Any) -> float:
+        """``config``'s base magnitude: ``magnitude(config)``, or the value of ``magnitude_field``."""
+        return self.magnitude(config) if self.magnitude else float(getattr(config, self.magnitude_field))
 
     def base_scale(self, config: Any) -> float:
         """The unit's scale before the length factor and the schedule (``distance_multiple`` under
         ``embedding_distance`` scaling)."""
         if self.length_scaled and config.scaling == "embedding_distance":
             return float(config.distance_multiple)
-        return (self.scale or self.magnitude)(config)
+        return self.scale(config) if self.scale else self.level(config)
 
     def clips(self, config: Any) -> bool:
         """True when ``config``'s embeddings are clipped to ``clip_norm`` before the noise is added."""
@@ -222,32 +227,26 @@ def _check_gaussian_mechanism(config: Any) -> None:
         )
 
 
+def _length_scaled(name: str, field: str, preset: str, cli_help: str, cli_default: float | None = None) -> NoiseFamily:
+    """A NEFTune-style family: unit noise of its own name sized by ``scaling``, its level a main-job flag."""
+    return NoiseFamily(
+        name=name,
+        magnitude_field=field,
+        unit=name,
+        length_scaled=True,
+        sweep_fields=(field, "distance_multiple"),
+        cli_flag=field,
+        cli_help=cli_help,
+        cli_default=cli_default,
+        preset=preset,
+    )
+
+
 NOISE_FAMILIES: dict[str, NoiseFamily] = {
     family.name: family
     for family in (
-        NoiseFamily(
-            name="uniform",
-            magnitude_field="alpha",
-            magnitude=lambda config: float(config.alpha),
-            unit="uniform",
-            length_scaled=True,
-            sweep_fields=("alpha", "distance_multiple"),
-            cli_flag="alpha",
-            cli_help="NEFTune alpha of uniform noise (default 10)",
-            cli_default=10.0,
-            preset="neftune_alpha5",
-        ),
-        NoiseFamily(
-            name="gaussian",
-            magnitude_field="sigma",
-            magnitude=lambda config: float(config.sigma),
-            unit="gaussian",
-            length_scaled=True,
-            sweep_fields=("sigma", "distance_multiple"),
-            cli_flag="sigma",
-            cli_help="gaussian noise multiplier",
-            preset="gaussian",
-        ),
+        _length_scaled("uniform", "alpha", "neftune_alpha5", "NEFTune alpha of uniform noise (default 10)", 10.0),
+        _length_scaled("gaussian", "sigma", "gaussian", "gaussian noise multiplier"),
         NoiseFamily(
             name="metric_dp",
             magnitude_field="eta",
@@ -277,7 +276,6 @@ NOISE_FAMILIES: dict[str, NoiseFamily] = {
         NoiseFamily(
             name="quantization",
             magnitude_field="quantization_step",
-            magnitude=lambda config: float(config.quantization_step),
             scale=lambda config: float(config.quantization_step) / 2,
             unit="uniform",
             sweep_fields=("quantization_step",),
@@ -286,7 +284,6 @@ NOISE_FAMILIES: dict[str, NoiseFamily] = {
         NoiseFamily(
             name="relative",
             magnitude_field="relative_scale",
-            magnitude=lambda config: float(config.relative_scale),
             unit="gaussian",
             relative_to_embedding=True,
             sweep_fields=("relative_scale",),
@@ -295,7 +292,6 @@ NOISE_FAMILIES: dict[str, NoiseFamily] = {
         NoiseFamily(
             name="laplace",
             magnitude_field="laplace_scale",
-            magnitude=lambda config: float(config.laplace_scale),
             unit="laplace",
             privacy_mechanism=True,
             clip="optional",

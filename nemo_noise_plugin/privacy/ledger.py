@@ -15,14 +15,7 @@ from dataclasses import dataclass, replace
 from nemo_noise_plugin.noise.calibration import gaussian_mechanism_epsilon
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
-from nemo_noise_plugin.privacy.accounting import (
-    compose_pure_dp,
-    compose_zcdp,
-    gaussian_zcdp_rho,
-    laplace_epsilon,
-    metric_dp_epsilon,
-    zcdp_to_dp_epsilon,
-)
+from nemo_noise_plugin.privacy import accounting as dp
 from nemo_noise_plugin.validation import check_int, check_number
 
 
@@ -171,8 +164,8 @@ def privacy_ledger(
 def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: float) -> PrivacyLedger:
     sensitivity = float(config.sensitivity)
     sigma = config.dp_sigma
-    token_rho = gaussian_zcdp_rho(sigma, sensitivity)
-    sequence_rho = compose_zcdp([token_rho]) * base.releases  # L * E equal releases: their sum, without a list
+    token_rho = dp.gaussian_zcdp_rho(sigma, sensitivity)
+    sequence_rho = dp.compose_zcdp([token_rho]) * base.releases  # L * E equal releases: their sum, without a list
     # L * E Gaussian releases of sensitivity 2C each are one Gaussian release of sensitivity 2C * sqrt(L * E).
     try:
         exact = gaussian_mechanism_epsilon(sigma, sequence_delta, sensitivity * math.sqrt(base.releases))
@@ -197,12 +190,12 @@ def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequenc
         per_sequence=(
             Guarantee(exact, sequence_delta, "exact: one Gaussian mechanism of sensitivity 2C sqrt(L E)"),
             Guarantee(
-                zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "optimal"),
+                dp.zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "optimal"),
                 sequence_delta,
                 "zCDP -> DP, Canonne, Kamath & Steinke 2020",
             ),
             Guarantee(
-                zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "bun_steinke"),
+                dp.zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "bun_steinke"),
                 sequence_delta,
                 "zCDP -> DP, Bun & Steinke 2016",
             ),
@@ -222,8 +215,8 @@ def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: 
     base = replace(base, eta=eta, expected_noise_norm=noise_norm)
     if config.clip_norm is None:
         return _unbounded(config, base, "eta |x-x'|", "|x-x'|", "distance", d_chi)
-    token_epsilon = metric_dp_epsilon(eta, float(config.clip_norm))
-    sequence_epsilon = compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
+    token_epsilon = dp.metric_dp_epsilon(eta, float(config.clip_norm))
+    sequence_epsilon = dp.compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
     return replace(
         base,
         per_token=(Guarantee(token_epsilon, 0.0, "pure DP: eta * 2C"),),
@@ -247,8 +240,8 @@ def _laplace_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: fl
             f"privacy_ledger: hidden_size=None is invalid with mechanism='laplace' and clip_norm={config.clip_norm!r}: "
             "expected the hidden size d, e.g. hidden_size=4096 (the per-token epsilon 2C sqrt(d) / b depends on it)."
         )
-    token_epsilon = laplace_epsilon(scale, float(config.clip_norm), base.hidden_size)
-    sequence_epsilon = compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
+    token_epsilon = dp.laplace_epsilon(scale, float(config.clip_norm), base.hidden_size)
+    sequence_epsilon = dp.compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
     return replace(
         base,
         per_token=(Guarantee(token_epsilon, 0.0, "pure DP: 2C sqrt(d) / b"),),
