@@ -109,7 +109,11 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
         "noise draws",
         ("noise.mechanisms", "noise.schedule", "noise.geometry", "noise.projection", "noise.denoise"),
     ),
-    (LIBRARY, "noise config", ("noise.config", "noise.calibration", "noise.families", "noise.bounds")),
+    (
+        LIBRARY,
+        "noise config",
+        ("noise.config", "noise.calibration", "noise.families", "noise.bounds", "noise.densities"),
+    ),
     (LIBRARY, "random streams", ("noise.sampling", "noise.triton_kernel", "noise.philox")),
     (LIBRARY, "presets", ("presets",)),
     (LIBRARY, "utilities", ("utils", "validation", "yaml_files", "upstream")),

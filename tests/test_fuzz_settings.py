@@ -115,7 +115,8 @@ def _use_noise_config(config: NoiseConfig) -> None:
     """What the plugin derives from a valid noise config: it must all work (or refuse with the plugin's error)."""
     from nemo_noise_plugin.noise.schedule import schedule_factor
     from nemo_noise_plugin.privacy.audit.noised import noised_embeddings
-    from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
+    from nemo_noise_plugin.privacy.ledger import privacy_ledger
+    from nemo_noise_plugin.privacy.ledger_format import format_ledger
 
     config.validate()  # idempotent on a valid config
     assert isinstance(config.magnitude, float) and not math.isnan(config.magnitude)
@@ -221,7 +222,8 @@ LEDGER_SETTINGS = ("sequence_length", "epochs", "delta", "hidden_size")
 @FUZZ_MIXED
 @given(values=st.dictionaries(st.sampled_from(LEDGER_SETTINGS), WILD, min_size=1, max_size=4))
 def test_the_ledgers_settings_work_or_are_refused_by_name(values):
-    from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
+    from nemo_noise_plugin.privacy.ledger import privacy_ledger
+    from nemo_noise_plugin.privacy.ledger_format import format_ledger
 
     values.setdefault("sequence_length", 8)
     config = NoiseConfig(mechanism="gaussian_mechanism", clip_norm=1.0, epsilon=4.0)

@@ -152,7 +152,8 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
     if args.noise_config:
         noise = load_noise_config(args.noise_config, **overrides)
     else:
-        default = {"alpha": 10.0} if overrides.get("mechanism", "uniform") == "uniform" else {}  # NEFTune alpha 10
+        family = NOISE_FAMILIES[overrides.get("mechanism", NoiseConfig.mechanism)]
+        default = {} if family.cli_default is None else {family.magnitude_field: family.cli_default}  # NEFTune alpha 10
         noise = NoiseConfig(**{**default, **overrides})
     for flag, mechanisms in MECHANISM_FLAGS.items():
         if flags[flag] is not None and noise.mechanism not in mechanisms:

@@ -57,7 +57,8 @@ def run_ledger(arguments: Sequence[str]) -> str:
     """The ledger table for ``config=NAME_OR_PATH sequence_length=L [epochs=E] [delta=D] [hidden_size=d]
     [<NoiseConfig field>=<value> ...]``; raises ``ValueError`` naming a bad or missing argument."""
     from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
-    from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
+    from nemo_noise_plugin.privacy.ledger import privacy_ledger
+    from nemo_noise_plugin.privacy.ledger_format import format_ledger
     from nemo_noise_plugin.yaml_files import parse_key_values
 
     values = parse_key_values(arguments)

@@ -16,6 +16,7 @@ Teacher inputs are always detached; only the student gets gradients. Used by the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -119,32 +120,30 @@ def logit_divergence(
     return sum_to_replicated(terms.sum(dim=-1), tp_group)
 
 
-def forward_kl(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    temperature: float = 1.0,
-    tp_group: ProcessGroup | None = None,
-    *,
-    top_k: int | None = None,
-) -> Tensor:
-    """Per-token KL(p_T || p_S) = sum_v p_T (log p_T - log p_S) (mean-seeking; the usual KD loss)."""
-    return logit_divergence(
-        student_logits, teacher_logits, "forward_kl", temperature=temperature, top_k=top_k, tp_group=tp_group
-    )
+def _kl(kind: str, doc: str) -> Callable[..., Tensor]:
+    """``logit_divergence`` of ``kind`` as a function of ``(student, teacher, temperature, tp_group, *, top_k)``."""
+
+    def divergence(
+        student_logits: Tensor,
+        teacher_logits: Tensor,
+        temperature: float = 1.0,
+        tp_group: ProcessGroup | None = None,
+        *,
+        top_k: int | None = None,
+    ) -> Tensor:
+        return logit_divergence(
+            student_logits, teacher_logits, kind, temperature=temperature, top_k=top_k, tp_group=tp_group
+        )
+
+    divergence.__name__ = divergence.__qualname__ = kind
+    divergence.__doc__ = doc
+    return divergence
 
 
-def reverse_kl(
-    student_logits: Tensor,
-    teacher_logits: Tensor,
-    temperature: float = 1.0,
-    tp_group: ProcessGroup | None = None,
-    *,
-    top_k: int | None = None,
-) -> Tensor:
-    """Per-token KL(p_S || p_T) = sum_v p_S (log p_S - log p_T) (mode-seeking)."""
-    return logit_divergence(
-        student_logits, teacher_logits, "reverse_kl", temperature=temperature, top_k=top_k, tp_group=tp_group
-    )
+forward_kl = _kl(
+    "forward_kl", "Per-token KL(p_T || p_S) = sum_v p_T (log p_T - log p_S) (mean-seeking; the usual KD loss)."
+)
+reverse_kl = _kl("reverse_kl", "Per-token KL(p_S || p_T) = sum_v p_S (log p_S - log p_T) (mode-seeking).")
 
 
 def jsd(

@@ -4,10 +4,10 @@ The norm layers square the noised embeddings and sum the squares over the hidden
 a token whose noise norm is past the square root of the dtype's largest number (``1.8e19`` in float32 and bf16,
 ``256`` in float16) is inf there, and the loss NaN: ``alpha=1e30`` or a metric-DP ``eta=1e-20`` trained on NaN
 without a word. ``check_noise_fits`` bounds each family's per-token noise norm from its row of
-``noise.families.NOISE_FAMILIES`` (the largest per-token scale over sequence lengths, times the unit noise's norm in
-``hidden_size`` dimensions, with a margin of 2) and refuses a setting past it, naming the magnitude field; the model
-mixin calls it when the noise layer is attached (``make_noisy`` and every provider build). Relative noise scales with
-each token's own embedding and is not bounded here.
+``noise.families.NOISE_FAMILIES`` (the largest per-token scale over sequence lengths, times the unit sampler's
+typical norm in ``hidden_size`` dimensions, with a margin of 2) and refuses a setting past it, naming the magnitude
+field; the model mixin calls it when the noise layer is attached (``make_noisy`` and every provider build). Relative
+noise scales with each token's own embedding and is not bounded here.
 
 ``check_noised_finite`` is the run-time guard for what no bound foresees: once per iteration (microbatch 0) the
 noise layer checks the largest magnitude of the noised embeddings (one reduction), and a non-finite one raises the
@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.noise.families import UNIT_STD, noise_family
+from nemo_noise_plugin.noise.families import noise_family
+from nemo_noise_plugin.noise.sampling import unit_sampler
 from nemo_noise_plugin.validation import SettingError
 
 __all__ = ["check_noise_fits", "check_noised_finite", "noise_norm_bound", "noise_setting"]
@@ -56,9 +57,7 @@ def noise_norm_bound(config: Any, hidden_size: int) -> float | None:
                 base /= math.sqrt(hidden_size)  # the largest 1/sqrt(L d): a sequence of one token
     except (ArithmeticError, ValueError):
         return math.inf
-    if family.unit == "d_chi":  # radius ~ Gamma(d, scale): about d * scale
-        return _MARGIN * base * hidden_size
-    return _MARGIN * base * UNIT_STD[family.unit] * math.sqrt(hidden_size)
+    return _MARGIN * base * unit_sampler(family.unit).norm(hidden_size)
 
 
 def _dtype_limit(dtype: torch.dtype | None) -> tuple[str, float]:

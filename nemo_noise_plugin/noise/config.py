@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
+from nemo_noise_plugin.noise.families import NOISE_FAMILIES, gaussian_mechanism_sigma, noise_family
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
 from nemo_noise_plugin.validation import (
     SettingError,
@@ -28,7 +28,8 @@ Calibration = Literal["analytic", "classical"]
 Projection = Literal["none", "nearest_row", "posterior_mean"]
 ProjectionMetric = Literal["l2", "cosine"]
 
-# Views of the family registry (noise/families.py), kept importable under their names.
+# Views of the shipped families (noise/families.py), kept importable under their names; the checks read the
+# registry itself, so a family registered later (``register_noise_family``) is checked like these.
 MECHANISMS: tuple[str, ...] = tuple(NOISE_FAMILIES)
 PRIVACY_MECHANISMS: tuple[str, ...] = tuple(name for name, f in NOISE_FAMILIES.items() if f.privacy_mechanism)
 """The mechanisms calibrated once (constant schedule, no warm-up)."""
@@ -150,7 +151,7 @@ class NoiseConfig:
         self._check()
 
     def _check(self) -> None:
-        check_choice(_FIELD + "mechanism", self.mechanism, MECHANISMS)
+        check_choice(_FIELD + "mechanism", self.mechanism, tuple(NOISE_FAMILIES))
         check_choice(_FIELD + "scaling", self.scaling, SCALINGS)
         check_choice(_FIELD + "tokens", self.tokens, TOKEN_SELECTIONS)
         check_choice(_FIELD + "schedule", self.schedule, SCHEDULES)
@@ -221,7 +222,7 @@ class NoiseConfig:
     def _check_unused_magnitudes(self) -> None:
         """Another family's magnitude field moved off its default (``alpha: 10`` with ``mechanism: gaussian``) would be
         dropped without a word: refused, naming the field this mechanism's level is set by."""
-        own = MAGNITUDE_FIELDS[self.mechanism]
+        own = noise_family(self.mechanism).magnitude_field
         for name, default in unused_magnitude_defaults(self.mechanism).items():
             if getattr(self, name) != default:
                 raise SettingError(
@@ -287,12 +288,9 @@ class NoiseConfig:
     @property
     def dp_sigma(self) -> float:
         """gaussian_mechanism: the noise standard deviation calibrated to (epsilon, delta) at sensitivity ``2C``."""
-        if self.mechanism != "gaussian_mechanism":
+        if noise_family(self.mechanism).magnitude is not gaussian_mechanism_sigma:
             raise ValueError(f"dp_sigma is defined for mechanism='gaussian_mechanism', not {self.mechanism!r}.")
-        from nemo_noise_plugin.noise.calibration import analytic_gaussian_sigma, classical_gaussian_sigma
-
-        calibrate = analytic_gaussian_sigma if self.calibration == "analytic" else classical_gaussian_sigma
-        return calibrate(float(self.epsilon), float(self.delta), float(self.sensitivity))
+        return gaussian_mechanism_sigma(self)
 
     @property
     def magnitude(self) -> float:
@@ -301,7 +299,7 @@ class NoiseConfig:
         family = noise_family(self.mechanism)
         if self.scaling == "embedding_distance" and family.length_scaled:
             return float(self.distance_multiple)
-        return family.magnitude(self)
+        return family.level(self)
 
     @property
     def silent_field(self) -> str | None:
@@ -309,11 +307,11 @@ class NoiseConfig:
         noise or are disabled outright: a run with it trains a plain model while saying it adds noise."""
         if not self.enabled or self.magnitude > 0:
             return None
-        length_scaled = noise_family(self.mechanism).length_scaled
+        family = noise_family(self.mechanism)
         return (
             "distance_multiple"
-            if self.scaling == "embedding_distance" and length_scaled
-            else MAGNITUDE_FIELDS[self.mechanism]
+            if self.scaling == "embedding_distance" and family.length_scaled
+            else family.magnitude_field
         )
 
     @property
@@ -325,9 +323,10 @@ class NoiseConfig:
 def unused_magnitude_defaults(mechanism: str) -> dict[str, Any]:
     """The other families' magnitude fields and their defaults: what a config of ``mechanism`` must leave them at
     (``dataclasses.replace(config, mechanism=m, **unused_magnitude_defaults(m))`` switches a config's family)."""
-    own = MAGNITUDE_FIELDS[mechanism]
+    own = noise_family(mechanism).magnitude_field
     defaults = {f.name: f.default for f in fields(NoiseConfig)}
-    return {name: defaults[name] for name in dict.fromkeys(MAGNITUDE_FIELDS.values()) if name != own}
+    magnitudes = dict.fromkeys(family.magnitude_field for family in NOISE_FAMILIES.values())
+    return {name: defaults[name] for name in magnitudes if name != own}
 
 
 def load_noise_config(name_or_path: str | os.PathLike[str], **overrides: Any) -> NoiseConfig:

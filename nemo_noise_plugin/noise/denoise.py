@@ -4,13 +4,10 @@
 mechanism's density ``p``; with a uniform prior over the table rows the Bayes (MMSE) estimate of the clean embedding
 is ``E[e | y] = sum_v w_v e_v`` with ``w_v = p(y | e_v) / sum_u p(y | e_u)`` and log-weights (up to a constant)
 
-- ``gaussian``: ``-|y - clip(e_v)|^2 / (2 sigma^2)``;
-- ``d_chi`` (metric DP): ``-eta |y - clip(e_v)|``;
-- ``laplace``: ``-|y - clip(e_v)|_1 / b``,
-
-the mechanism's own scale as the temperature (``NoiseFamily.attacker_noise``: the density the privacy audit's
-attacker scores with). Nearest-row projection is the hard (MAP) version of it. It reads nothing but the release and
-the public table: post-processing, so the mechanism's DP guarantee is unchanged.
+``log p(y | clip(e_v))`` of the mechanism's attacker density (``noise.densities.NOISE_DENSITIES``: ``gaussian``,
+``laplace``, ``metric_dp``, ...) at the mechanism's own scale (``NoiseFamily.attacker_noise``: the density and scale
+the privacy audit's attacker scores with). Nearest-row projection is the hard (MAP) version of it. It reads
+nothing but the release and the public table: post-processing, so the mechanism's DP guarantee is unchanged.
 
 Vocabulary-parallel tables: each tensor-parallel rank runs a chunked, online log-sum-exp over its shard (blocks of
 at most ``max_elements`` scores) keeping the running maximum, the sum of exponentials and the weighted sum of its
@@ -30,7 +27,8 @@ import torch
 import torch.distributed as dist
 
 from nemo_noise_plugin.noise.config import NoiseConfig
-from nemo_noise_plugin.noise.families import AttackerDensity, noise_family
+from nemo_noise_plugin.noise.densities import NOISE_DENSITIES, noise_density
+from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.projection import (
     DEFAULT_MAX_ELEMENTS,
     NO_ROW,
@@ -48,18 +46,6 @@ __all__ = ["denoise_noised", "posterior_mean_noised", "posterior_mean_rows", "po
 _NO_ID = torch.iinfo(torch.int64).max
 
 
-def _log_weights(
-    queries: torch.Tensor, query_norms: torch.Tensor, rows: torch.Tensor, density: str, scale: float
-) -> torch.Tensor:
-    """``[n, v]`` log p(query | row) up to a per-query constant (float32); ``rows`` already clipped."""
-    if density == "laplace":
-        return torch.cdist(queries, rows, p=1.0) * (-1.0 / scale)
-    squared = rows.pow(2).sum(-1) - 2.0 * (queries @ rows.t())  # |y - r|^2 - |y|^2
-    if density == "gaussian":
-        return squared * (-0.5 / scale**2)
-    return (squared + query_norms.unsqueeze(1)).clamp_min(0.0).sqrt() * (-1.0 / scale)  # d_chi: -|y - r| / s
-
-
 def _blocks(vocab: int, hidden: int, max_elements: int) -> tuple[int, int]:
     vocab_chunk = max(1, min(vocab, max_elements // hidden))
     return vocab_chunk, max(1, max_elements // vocab_chunk)
@@ -71,7 +57,7 @@ class _SoftLookup(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queries, table, density, scale, clip_norm, vocab_start, group, max_elements):
         count, hidden = queries.shape
-        norms = queries.pow(2).sum(-1)
+        log_likelihood = noise_density(density).log_likelihood
         peak = torch.full((count,), -math.inf, device=queries.device)
         total = torch.zeros(count, device=queries.device)
         weighted = torch.zeros(count, hidden, device=queries.device)
@@ -82,7 +68,7 @@ class _SoftLookup(torch.autograd.Function):
             rows = _prepared_rows(raw, "l2", clip_norm)
             for first in range(0, count, query_chunk):
                 index = slice(first, first + query_chunk)
-                logits = _log_weights(queries[index], norms[index], rows, density, scale)
+                logits = log_likelihood(queries[index], rows, scale)
                 values, columns = logits.max(dim=1)  # the first of equal maxima: the smallest id of this chunk
                 better = values > peak[index]
                 best_ids[index] = torch.where(better, columns + (vocab_start + start), best_ids[index])
@@ -101,15 +87,16 @@ class _SoftLookup(torch.autograd.Function):
             total, weighted = total * decay, weighted * decay.unsqueeze(1)
             dist.all_reduce(total, group=group)
         log_normaliser = peak + total.log()
-        ctx.save_for_backward(queries, norms, table, log_normaliser)
+        ctx.save_for_backward(queries, table, log_normaliser)
         ctx.settings = (density, scale, clip_norm, max_elements)
         ctx.mark_non_differentiable(best_ids)
         return (weighted / total.unsqueeze(1)).to(table.dtype), best_ids
 
     @staticmethod
     def backward(ctx, grad_output, _grad_ids):
-        queries, norms, table, log_normaliser = ctx.saved_tensors
+        queries, table, log_normaliser = ctx.saved_tensors
         density, scale, clip_norm, max_elements = ctx.settings
+        log_likelihood = noise_density(density).log_likelihood
         grad_output = grad_output.float()
         grad_table = torch.zeros(table.shape, device=table.device)
         vocab_chunk, query_chunk = _blocks(table.size(0), queries.size(1), max_elements)
@@ -117,7 +104,7 @@ class _SoftLookup(torch.autograd.Function):
             rows = _prepared_rows(table[start : start + vocab_chunk], "l2", clip_norm)
             for first in range(0, queries.size(0), query_chunk):
                 index = slice(first, first + query_chunk)
-                logits = _log_weights(queries[index], norms[index], rows, density, scale)
+                logits = log_likelihood(queries[index], rows, scale)
                 weights = torch.exp(logits - log_normaliser[index].unsqueeze(1))
                 grad_table[start : start + vocab_chunk] += weights.t() @ grad_output[index]
         return None, grad_table.to(table.dtype), None, None, None, None, None, None
@@ -127,14 +114,14 @@ def _partial_posterior_mean(
     queries: torch.Tensor,
     table: torch.Tensor,
     *,
-    density: AttackerDensity,
+    density: str,
     scale: float,
     clip_norm: float | None,
     vocab_start: int,
     group: dist.ProcessGroup | None,
     max_elements: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    check_choice("posterior_mean_rows: density", density, ("gaussian", "d_chi", "laplace"))
+    check_choice("posterior_mean_rows: density", density, tuple(NOISE_DENSITIES))
     check_int("posterior_mean_rows: max_elements", max_elements, minimum=1)
     if queries.dim() != 2 or table.dim() != 2 or queries.size(1) != table.size(1):
         raise ValueError(
@@ -157,7 +144,7 @@ def posterior_mean_rows(
     queries: torch.Tensor,
     table: torch.Tensor,
     *,
-    density: AttackerDensity,
+    density: str,
     scale: float,
     clip_norm: float | None = None,
     vocab_start: int = 0,
@@ -167,8 +154,9 @@ def posterior_mean_rows(
     """The posterior mean ``[N, h]`` of the rows of ``table`` given each of the ``[N, h]`` releases ``queries``,
     and ``[N]`` the most likely (MAP) row id of each.
 
-    ``density`` (``gaussian``, ``d_chi``, ``laplace``) and ``scale`` (sigma, ``1/eta``, ``b``) are the mechanism's
-    noise; the rows are clipped to ``clip_norm`` in the likelihood when given, the mean is of the unclipped rows.
+    ``density`` (a row of ``NOISE_DENSITIES``: ``gaussian``, ``metric_dp``, ``laplace``) and ``scale`` (sigma,
+    ``1/eta``, ``b``) are the mechanism's noise; the rows are clipped to ``clip_norm`` in the likelihood when given,
+    the mean is of the unclipped rows.
     The prior is uniform over the rows. ``table`` may be this rank's vocabulary shard (global ids ``vocab_start``..)
     of the tensor-parallel ``group``; every rank passes the same queries and gets the same result. Differentiable in
     ``table`` as a soft lookup with the weights held fixed. ``scale == 0`` gives the nearest (own) row.
@@ -249,16 +237,10 @@ def posterior_mean_noised(
 
 
 def denoise_noised(
-    noised: torch.Tensor,
-    selected: torch.Tensor,
-    embedding: Any,
-    config: NoiseConfig,
-    sequence_parallel: bool = False,
-    *,
-    group: dist.ProcessGroup | None = None,
-    max_elements: int = DEFAULT_MAX_ELEMENTS,
+    noised: torch.Tensor, selected: torch.Tensor, embedding: Any, config: NoiseConfig, *args: Any, **options: Any
 ) -> Projection:
     """``config.projection`` applied to the noised tokens: ``posterior_mean_noised`` for ``posterior_mean``,
-    ``projection.project_noised`` for ``nearest_row`` (arguments as there); what the noise hooks call."""
+    ``projection.project_noised`` for ``nearest_row`` (further arguments as there: ``sequence_parallel``,
+    ``group``, ``max_elements``); what the noise hooks call."""
     replace = posterior_mean_noised if config.projection == "posterior_mean" else project_noised
-    return replace(noised, selected, embedding, config, sequence_parallel, group=group, max_elements=max_elements)
+    return replace(noised, selected, embedding, config, *args, **options)

@@ -1,15 +1,20 @@
-"""The noise families: one row per mechanism, holding what every other module needs to know about it.
+"""The noise families: one row per mechanism, pointing to the building blocks every other module looks up.
 
 ``NoiseConfig.mechanism`` names a row of ``NOISE_FAMILIES``. The row says which field sets the noise level and
-whether larger is quieter, how the noise is drawn (the unit distribution and its per-token scale, length scaling,
-clipping, the fused kernel), how the privacy audit's attacker models it, which ledger accounts for it, and which
-sweep fields and main-job flag set it. The config's checks, the noise layer, the beam attack, the audit sweep, the
-ledger, the robustness report and the main job read the row instead of comparing mechanism names with strings.
+whether larger is quieter, how the noise is sized (per-token scale, length scaling, clipping), and names its building
+blocks, each a row of its own table: the unit sampler that draws it (``noise.sampling.UNIT_SAMPLERS``, which also
+says whether the fused kernel draws it), the density the privacy audit's attacker scores with
+(``noise.densities.NOISE_DENSITIES``) and the ledger that accounts for it (``privacy.ledger.LEDGERS``), plus the
+sweep fields and main-job flag that set it. The config's checks, the noise layer, the beam attack, the audit sweep,
+the ledger, the robustness report and the main job read the row instead of comparing mechanism names with strings;
+metric DP is ``metric_dp`` in every table.
 
-Adding a family is one ``NoiseFamily`` entry below, its field in ``NoiseConfig`` (and the ``NoiseMechanism``
-literal, which typing cannot derive), a preset named by the row, its docs and its tests; the tests that take every
-family read this registry. Imported by ``noise/config.py``, so it imports neither the config nor torch: the hooks
-take the ``NoiseConfig`` as ``config`` and work on the tensors they are given.
+Adding a family is one ``NoiseFamily`` row (``register_noise_family``; new building blocks are rows of their
+tables), its field in ``NoiseConfig`` (and the ``NoiseMechanism`` literal, which typing cannot derive) unless it
+reuses one, a preset named by the row, its docs and its tests; the tests that take every family read this registry
+(``tests/noise/test_toy_family.py`` runs a toy family through the layer, the ledger and the audit). Imported by
+``noise/config.py``, so it imports neither the config nor torch at import time: the hooks take the ``NoiseConfig``
+as ``config`` and work on the tensors they are given.
 """
 
 from __future__ import annotations
@@ -26,39 +31,29 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NOISE_FAMILIES",
-    "UNIT_STD",
     "NoiseFamily",
     "TokenNoise",
     "embedding_distance_factor",
+    "gaussian_mechanism_sigma",
     "length_factor",
     "noise_family",
+    "register_noise_family",
 ]
 
-UnitDistribution = Literal["uniform", "gaussian", "laplace", "d_chi"]
-"""``uniform`` U(-1, 1), ``gaussian`` N(0, 1), ``laplace`` Laplace(0, 1), each i.i.d. per coordinate; ``d_chi`` the
-metric-DP unit ``r * g / |g|`` with ``g ~ N(0, I_d)`` and radius ``r ~ Gamma(d, 1)`` (density ``~ exp(-|z|)``)."""
-AttackerDensity = Literal["gaussian", "laplace", "d_chi"]
-"""The noise density the privacy audit's beam attack scores with: ``gaussian`` ``-|z|^2 / (2 s^2)``, ``laplace``
-``-|z|_1 / b``, ``d_chi`` ``-|z| / s`` (``s = 1/eta``)."""
-Accounting = Literal["gaussian", "d_chi", "laplace"]
-"""The privacy ledger's accounting of a family (``privacy/ledger.py``): the Gaussian mechanism (zCDP and the exact
-curve), d_chi privacy (pure DP at ``eta * 2C``), the Laplace mechanism (pure DP at ``2C sqrt(d) / b``)."""
 Clipping = Literal["never", "optional", "required"]
-
-UNIT_STD: dict[str, float] = {"uniform": 1.0 / math.sqrt(3.0), "gaussian": 1.0, "laplace": math.sqrt(2.0)}
-"""Per-coordinate standard deviation of each per-coordinate unit distribution."""
 
 
 @dataclass(frozen=True)
 class TokenNoise:
     """Each token's noise as a density: ``y = clip(x) + z``, ``z`` of the given density and per-token scale.
 
-    ``scale`` is the standard deviation (``gaussian``), ``b`` (``laplace``) or the radial scale ``1/eta``
-    (``d_chi``) of each token, times the token's embedding RMS when ``relative``; ``x`` is clipped to norm
+    ``density`` names a row of ``noise.densities.NOISE_DENSITIES``; ``scale`` is its scale for each token (the
+    standard deviation of ``gaussian``, ``b`` of ``laplace``, ``1/eta`` of ``metric_dp``), times the token's
+    embedding RMS when ``relative``; ``x`` is clipped to norm
     ``clip_norm`` first when it is set.
     """
 
-    density: AttackerDensity
+    density: str
     scale: torch.Tensor
     relative: bool = False
     clip_norm: float | None = None
@@ -76,10 +71,8 @@ class NoiseFamily:
     name: str
     magnitude_field: str
     """The ``NoiseConfig`` field that sets the noise level (the robustness report's and the main job's axis)."""
-    magnitude: Callable[[Any], float]
-    """``config -> `` the base magnitude (``NoiseConfig.magnitude``; 0 means no noise)."""
-    unit: UnitDistribution
-    """The unit noise that ``token_scale`` multiplies."""
+    unit: str
+    """The unit noise that ``token_scale`` multiplies: a row of ``noise.sampling.UNIT_SAMPLERS``."""
     scale: Callable[[Any], float] | None = None
     """``config -> `` the scale of ``unit`` before the length factor and the schedule (None: ``magnitude``); for
     ``gaussian_mechanism`` the calibration of sigma to (epsilon, delta)."""
@@ -93,28 +86,36 @@ class NoiseFamily:
     """Calibrated once: needs ``schedule='constant'`` and ``warmup_steps=0``."""
     clip: Clipping = "never"
     """Whether embeddings are clipped to ``clip_norm`` before the noise is added."""
-    kernel: bool = True
-    """The fused Triton kernel draws it on CUDA (``noise/triton_kernel.py``); False: the torch path everywhere."""
-    attacker_density: AttackerDensity = "gaussian"
-    """The density the beam attack assumes (``gaussian`` for uniform noise: a smooth stand-in with its variance)."""
-    accounting: Accounting | None = None
-    """Which privacy ledger accounts for it; None: no formal guarantee."""
+    attacker_density: str = "gaussian"
+    """The density the beam attack and posterior-mean denoising assume: a row of ``noise.densities.NOISE_DENSITIES``
+    (``gaussian`` for uniform noise: a smooth stand-in with its variance)."""
+    accounting: str | None = None
+    """The privacy ledger that accounts for it, a row of ``privacy.ledger.LEDGERS``; None: no formal guarantee."""
     sweep_fields: tuple[str, ...] = ()
     """The ``NoiseConfig`` fields a privacy-audit sweep may vary."""
     cli_flag: str | None = None
     """The main job's flag for ``magnitude_field`` (``--alpha``), or None (set it with ``--noise-config``)."""
     cli_help: str = ""
+    cli_default: float | None = None
+    """The main job's ``magnitude_field`` when neither a flag nor ``--noise-config`` sets it (None: the config's)."""
     preset: str = ""
     """A shipped noise preset of this family (the example the tests and docs use)."""
+    magnitude: Callable[[Any], float] | None = None
+    """``config -> `` the base magnitude (``NoiseConfig.magnitude``; 0 means no noise); None: the value of
+    ``magnitude_field``."""
     check: Callable[[Any], None] | None = None
     """Extra validation of a config of this family (``NoiseConfig.__post_init__``), raising ``ValueError``."""
+
+    def level(self, config: Any) -> float:
+        """``config``'s base magnitude: ``magnitude(config)``, or the value of ``magnitude_field``."""
+        return self.magnitude(config) if self.magnitude else float(getattr(config, self.magnitude_field))
 
     def base_scale(self, config: Any) -> float:
         """The unit's scale before the length factor and the schedule (``distance_multiple`` under
         ``embedding_distance`` scaling)."""
         if self.length_scaled and config.scaling == "embedding_distance":
             return float(config.distance_multiple)
-        return (self.scale or self.magnitude)(config)
+        return self.scale(config) if self.scale else self.level(config)
 
     def clips(self, config: Any) -> bool:
         """True when ``config``'s embeddings are clipped to ``clip_norm`` before the noise is added."""
@@ -131,21 +132,32 @@ class NoiseFamily:
         """
         if not self.length_scaled:
             return lengths.new_full(lengths.shape, factor * self.base_scale(config))
-        unit_std = UNIT_STD[self.unit]
+        from nemo_noise_plugin.noise.sampling import unit_sampler
+
+        unit_std = unit_sampler(self.unit).std
         return factor * self.base_scale(config) * length_factor(config, lengths, global_length, hidden_size, unit_std)
+
+    def density_factor(self) -> float:
+        """The attacker density's scale per unit of ``token_scale``: the unit's standard deviation over the density's
+        (1 for a density of the unit's own name, e.g. ``metric_dp``); a ``ValueError`` when they do not fit."""
+        from nemo_noise_plugin.noise.densities import noise_density
+        from nemo_noise_plugin.noise.sampling import unit_sampler
+
+        density, unit = noise_density(self.attacker_density), unit_sampler(self.unit)
+        if density.unit_std is None:
+            if density.name != unit.name:
+                raise ValueError(f"{self.name}: the {density.name} density fits the {density.name} unit only.")
+            return 1.0
+        if unit.std is None:
+            raise ValueError(f"{self.name}: the {unit.name} unit has no per-coordinate spread for {density.name}.")
+        return unit.std / density.unit_std
 
     def attacker_noise(
         self, config: Any, lengths: torch.Tensor, global_length: int, hidden_size: int, factor: float = 1.0
     ) -> TokenNoise:
         """The per-token noise density the privacy audit's attacker assumes: this family's own ``token_scale``
         (arguments as there) in the parameter of ``attacker_density``, so it is the drawn noise's spread."""
-        scale = self.token_scale(config, lengths, global_length, hidden_size, factor)
-        if self.attacker_density == "gaussian":
-            scale = scale * UNIT_STD[self.unit]
-        elif self.attacker_density == "laplace":
-            scale = scale * (UNIT_STD[self.unit] / UNIT_STD["laplace"])
-        elif self.unit != "d_chi":
-            raise ValueError(f"{self.name}: attacker density d_chi needs the d_chi unit, not {self.unit!r}.")
+        scale = self.token_scale(config, lengths, global_length, hidden_size, factor) * self.density_factor()
         clip_norm = float(config.clip_norm) if self.clips(config) else None
         return TokenNoise(self.attacker_density, scale, self.relative_to_embedding, clip_norm)
 
@@ -174,6 +186,14 @@ def length_factor(
     if config.scaling == "padded_length":
         return lengths.new_full(lengths.shape, 1.0 / math.sqrt(global_length * hidden_size))
     return (lengths.clamp_min(1.0) * hidden_size).rsqrt()
+
+
+def gaussian_mechanism_sigma(config: Any) -> float:
+    """The Gaussian mechanism's sigma calibrated to ``config``'s (epsilon, delta) at sensitivity ``2C``."""
+    from nemo_noise_plugin.noise.calibration import analytic_gaussian_sigma, classical_gaussian_sigma
+
+    calibrate = analytic_gaussian_sigma if config.calibration == "analytic" else classical_gaussian_sigma
+    return calibrate(float(config.epsilon), float(config.delta), float(config.sensitivity))
 
 
 def _check_gaussian_mechanism(config: Any) -> None:
@@ -207,54 +227,48 @@ def _check_gaussian_mechanism(config: Any) -> None:
         )
 
 
+def _length_scaled(name: str, field: str, preset: str, cli_help: str, cli_default: float | None = None) -> NoiseFamily:
+    """A NEFTune-style family: unit noise of its own name sized by ``scaling``, its level a main-job flag."""
+    return NoiseFamily(
+        name=name,
+        magnitude_field=field,
+        unit=name,
+        length_scaled=True,
+        sweep_fields=(field, "distance_multiple"),
+        cli_flag=field,
+        cli_help=cli_help,
+        cli_default=cli_default,
+        preset=preset,
+    )
+
+
 NOISE_FAMILIES: dict[str, NoiseFamily] = {
     family.name: family
     for family in (
-        NoiseFamily(
-            name="uniform",
-            magnitude_field="alpha",
-            magnitude=lambda config: float(config.alpha),
-            unit="uniform",
-            length_scaled=True,
-            sweep_fields=("alpha", "distance_multiple"),
-            cli_flag="alpha",
-            cli_help="NEFTune alpha of uniform noise (default 10)",
-            preset="neftune_alpha5",
-        ),
-        NoiseFamily(
-            name="gaussian",
-            magnitude_field="sigma",
-            magnitude=lambda config: float(config.sigma),
-            unit="gaussian",
-            length_scaled=True,
-            sweep_fields=("sigma", "distance_multiple"),
-            cli_flag="sigma",
-            cli_help="gaussian noise multiplier",
-            preset="gaussian",
-        ),
+        _length_scaled("uniform", "alpha", "neftune_alpha5", "NEFTune alpha of uniform noise (default 10)", 10.0),
+        _length_scaled("gaussian", "sigma", "gaussian", "gaussian noise multiplier"),
         NoiseFamily(
             name="metric_dp",
             magnitude_field="eta",
             magnitude=lambda config: 1.0 / float(config.eta),
-            unit="d_chi",
+            unit="metric_dp",
             larger_is_quieter=True,
             privacy_mechanism=True,
             clip="optional",
-            kernel=False,  # a per-token normalisation and a Gamma radius: a reduction over the hidden dimension
-            attacker_density="d_chi",
-            accounting="d_chi",
+            attacker_density="metric_dp",
+            accounting="metric_dp",
             sweep_fields=("eta",),
             preset="metric_dp",
         ),
         NoiseFamily(
             name="gaussian_mechanism",
             magnitude_field="epsilon",
-            magnitude=lambda config: config.dp_sigma,
+            magnitude=gaussian_mechanism_sigma,
             unit="gaussian",
             larger_is_quieter=True,
             privacy_mechanism=True,
             clip="required",
-            accounting="gaussian",
+            accounting="gaussian_mechanism",
             sweep_fields=("epsilon",),
             preset="dp_gaussian_mechanism",
             check=_check_gaussian_mechanism,
@@ -262,7 +276,6 @@ NOISE_FAMILIES: dict[str, NoiseFamily] = {
         NoiseFamily(
             name="quantization",
             magnitude_field="quantization_step",
-            magnitude=lambda config: float(config.quantization_step),
             scale=lambda config: float(config.quantization_step) / 2,
             unit="uniform",
             sweep_fields=("quantization_step",),
@@ -271,7 +284,6 @@ NOISE_FAMILIES: dict[str, NoiseFamily] = {
         NoiseFamily(
             name="relative",
             magnitude_field="relative_scale",
-            magnitude=lambda config: float(config.relative_scale),
             unit="gaussian",
             relative_to_embedding=True,
             sweep_fields=("relative_scale",),
@@ -280,7 +292,6 @@ NOISE_FAMILIES: dict[str, NoiseFamily] = {
         NoiseFamily(
             name="laplace",
             magnitude_field="laplace_scale",
-            magnitude=lambda config: float(config.laplace_scale),
             unit="laplace",
             privacy_mechanism=True,
             clip="optional",
@@ -302,3 +313,17 @@ def noise_family(mechanism: str) -> NoiseFamily:
         return NOISE_FAMILIES[mechanism]
     except (KeyError, TypeError):
         raise ValueError(f"mechanism={mechanism!r} is invalid: expected one of {', '.join(NOISE_FAMILIES)}.") from None
+
+
+def register_noise_family(family: NoiseFamily) -> NoiseFamily:
+    """Add ``family`` to ``NOISE_FAMILIES`` after checking that its unit sampler and attacker density are rows of
+    their tables and fit each other (``NoiseFamily.density_factor``); a ``ValueError`` naming what is missing.
+
+    Its ``magnitude_field`` and ``sweep_fields`` must be ``NoiseConfig`` fields; its ``accounting``, when set, a row
+    of ``privacy.ledger.LEDGERS`` by the time a ledger is asked for. Returns ``family``.
+    """
+    if family.name in NOISE_FAMILIES:
+        raise ValueError(f"noise family {family.name!r} is already registered.")
+    family.density_factor()  # both rows exist and fit
+    NOISE_FAMILIES[family.name] = family
+    return family

@@ -1,11 +1,11 @@
-"""Drawing the configured noise: token selection, clipping, each family's per-token scale, and the metric-DP sampler.
+"""Drawing the configured noise: token selection, clipping and each family's per-token scale on its unit sampler.
 
-What a mechanism is comes from its row of ``noise/families.py``: every family with a per-coordinate unit reduces to
-``x * input_scale + noise_scale * unit`` per token (``noise/sampling.py``), with ``noise_scale`` the row's
-``token_scale`` (times the token's RMS for relative noise) and ``input_scale`` the clip factor of clipping families;
-the d_chi unit of metric-DP needs a per-token direction normalisation and a Gamma radius, drawn here from the same
-Philox streams. The formulas are in ``NoiseConfig``'s docstring. Per-token statistics of ``x`` (norm, RMS) are taken
-without gradient: like the noise, clipping and relative scales are constants to the backward pass.
+What a mechanism is comes from its row of ``noise/families.py``: every family reduces to
+``x * input_scale + noise_scale * unit`` per token (``noise/sampling.py``), with ``unit`` drawn by the row's unit
+sampler (``UNIT_SAMPLERS``), ``noise_scale`` the row's ``token_scale`` (times the token's RMS for relative noise) and
+``input_scale`` the clip factor of clipping families. The formulas are in ``NoiseConfig``'s docstring. Per-token
+statistics of ``x`` (norm, RMS) are taken without gradient: like the noise, clipping and relative scales are
+constants to the backward pass.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import TokenGeometry
-from nemo_noise_plugin.noise.philox import STREAM_NOISE, STREAM_RADIUS
-from nemo_noise_plugin.noise.sampling import add_noise, unit_noise
+from nemo_noise_plugin.noise.sampling import add_noise
 
 
 def selected_tokens(config: NoiseConfig, geometry: TokenGeometry, input_ids: torch.Tensor | None) -> torch.Tensor:
@@ -59,44 +58,17 @@ def apply_noise(
 ) -> torch.Tensor:
     """``x`` with the configured mechanism's noise on the selected tokens (schedule ``factor`` applied)."""
     family = noise_family(config.mechanism)
-    mask = selected.to(torch.float32)
-    keys = dict(seed=config.seed, iteration=iteration, sample_index=sample_index, token_position=geometry.positions)
     clip = clip_scale(x, float(config.clip_norm), selected) if family.clips(config) else None
-    if family.unit == "d_chi":
-        return _metric_dp(x, config, mask, clip, **keys)
     scale = family.token_scale(config, geometry.lengths, geometry.global_length, x.size(-1), factor)
     if family.relative_to_embedding:
         scale = scale * x.detach().float().pow(2).mean(dim=-1).sqrt()
     return add_noise(
-        x, noise_scale=scale * mask, input_scale=clip, distribution=family.unit, fused=family.kernel, **keys
+        x,
+        seed=config.seed,
+        iteration=iteration,
+        sample_index=sample_index,
+        token_position=geometry.positions,
+        noise_scale=scale * selected.to(torch.float32),
+        input_scale=clip,
+        distribution=family.unit,
     )
-
-
-def metric_dp_noise(
-    seed: int, iteration: int, sample_index: torch.Tensor, token_position: torch.Tensor, hidden_size: int, eta: float
-) -> torch.Tensor:
-    """``[s, b, d]`` float32 d_chi noise ``r * g / |g|`` with ``r ~ Gamma(d, 1/eta)``.
-
-    The Gamma radius is the sum of ``d`` Exp(1) variates (exact for integer shape ``d``) divided by ``eta``, drawn
-    from the radius stream, so it is keyed by the same global indices as the direction.
-    """
-    keys = (seed, iteration, sample_index, token_position, hidden_size)
-    direction = unit_noise(*keys, "gaussian", stream=STREAM_NOISE).to(torch.float64)
-    radius = unit_noise(*keys, "exponential", stream=STREAM_RADIUS).to(torch.float64).sum(dim=-1) / eta
-    return (direction * (radius / direction.norm(dim=-1)).unsqueeze(-1)).to(torch.float32)
-
-
-def _metric_dp(
-    x: torch.Tensor,
-    config: NoiseConfig,
-    mask: torch.Tensor,
-    clip: torch.Tensor | None,
-    *,
-    seed: int,
-    iteration: int,
-    sample_index: torch.Tensor,
-    token_position: torch.Tensor,
-) -> torch.Tensor:
-    noise = metric_dp_noise(seed, iteration, sample_index, token_position, x.size(-1), float(config.eta))
-    base = x.float() if clip is None else x.float() * clip.unsqueeze(-1)
-    return (base + noise * mask.unsqueeze(-1)).to(x.dtype)

@@ -1,6 +1,6 @@
 """The privacy ledger: what a ``NoiseConfig`` guarantees per token and per sequence, with its assumptions.
 
-Used by ``python -m nemo_noise_plugin.privacy ledger`` and ``nemo noise ledger``. Only ``gaussian_mechanism``, and
+Used by ``nemo noise ledger`` (as text: ``privacy/ledger_format.py``). Only ``gaussian_mechanism``, and
 ``metric_dp`` and ``laplace`` with ``clip_norm``, carry a formal (worst-case) guarantee (the families whose row has
 an ``accounting``); the ledger of any other configuration says why there is none instead of printing a number. A
 metric_dp or laplace config without ``clip_norm`` gets a ledger too (no worst-case epsilon), not an error.
@@ -9,20 +9,13 @@ metric_dp or laplace config without ``clip_norm`` gets a ledger too (no worst-ca
 from __future__ import annotations
 
 import math
-import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from nemo_noise_plugin.noise.calibration import gaussian_mechanism_epsilon
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
-from nemo_noise_plugin.privacy.accounting import (
-    compose_pure_dp,
-    compose_zcdp,
-    gaussian_zcdp_rho,
-    laplace_epsilon,
-    metric_dp_epsilon,
-    zcdp_to_dp_epsilon,
-)
+from nemo_noise_plugin.privacy import accounting as dp
 from nemo_noise_plugin.validation import check_int, check_number
 
 
@@ -91,10 +84,11 @@ SCOPE = (
     "checkpoints and anything computed from them are not covered."
 )
 EMBEDDING_MAP = (
-    "Each release clips the embedding to norm C before adding noise, so any two tokens' clipped embeddings are at "
-    "L2 distance <= 2C whatever the (trained, data-dependent) embedding table; composition over epochs treats each "
-    "epoch's embedding map as given."
+    "Each release clips the embedding to {norm}norm C before adding noise, so any two tokens' clipped embeddings are "
+    "at {distance} <= {bound} whatever the (trained, data-dependent) embedding table; composition over epochs treats "
+    "each epoch's embedding map as given."
 )
+"""Formatted with the norm, the distance and its bound of one ledger: ``L2 distance <= 2C`` for the L2 ledgers."""
 RANDOMNESS = (
     "The noise is Philox pseudo-randomness keyed by NoiseConfig.seed: the guarantee assumes the seed stays secret "
     "(whoever knows it can regenerate and subtract the noise), and the analysis assumes exact real-valued noise, "
@@ -135,7 +129,7 @@ def privacy_ledger(
     Example::
 
         ledger = privacy_ledger(load_noise_config("dp_gaussian_mechanism"), sequence_length=512, hidden_size=576)
-        print(format_ledger(ledger))
+        print(format_ledger(ledger))  # privacy.ledger_format
     """
     _check_count("sequence_length", sequence_length)
     _check_count("epochs", epochs)
@@ -158,14 +152,18 @@ def privacy_ledger(
     accounting = noise_family(config.mechanism).accounting
     if accounting is None:
         return replace(base, assumptions=(UNCLIPPED.format(mechanism=config.mechanism),))
-    return _LEDGERS[accounting](config, base, float(config.delta) if delta is None else float(delta))
+    if accounting not in LEDGERS:
+        raise ValueError(
+            f"{config.mechanism}: accounting={accounting!r} has no ledger: expected one of {', '.join(LEDGERS)}."
+        )
+    return LEDGERS[accounting](config, base, float(config.delta) if delta is None else float(delta))
 
 
 def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: float) -> PrivacyLedger:
     sensitivity = float(config.sensitivity)
     sigma = config.dp_sigma
-    token_rho = gaussian_zcdp_rho(sigma, sensitivity)
-    sequence_rho = compose_zcdp([token_rho]) * base.releases  # L * E equal releases: their sum, without a list
+    token_rho = dp.gaussian_zcdp_rho(sigma, sensitivity)
+    sequence_rho = dp.compose_zcdp([token_rho]) * base.releases  # L * E equal releases: their sum, without a list
     # L * E Gaussian releases of sensitivity 2C each are one Gaussian release of sensitivity 2C * sqrt(L * E).
     try:
         exact = gaussian_mechanism_epsilon(sigma, sequence_delta, sensitivity * math.sqrt(base.releases))
@@ -190,18 +188,18 @@ def _gaussian_mechanism_ledger(config: NoiseConfig, base: PrivacyLedger, sequenc
         per_sequence=(
             Guarantee(exact, sequence_delta, "exact: one Gaussian mechanism of sensitivity 2C sqrt(L E)"),
             Guarantee(
-                zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "optimal"),
+                dp.zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "optimal"),
                 sequence_delta,
                 "zCDP -> DP, Canonne, Kamath & Steinke 2020",
             ),
             Guarantee(
-                zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "bun_steinke"),
+                dp.zcdp_to_dp_epsilon(sequence_rho, sequence_delta, "bun_steinke"),
                 sequence_delta,
                 "zCDP -> DP, Bun & Steinke 2016",
             ),
         ),
         expected_noise_norm=noise_norm,
-        assumptions=(SCOPE, EMBEDDING_MAP, RANDOMNESS, *_coverage(config)),
+        assumptions=(SCOPE, _map(), RANDOMNESS, *_coverage(config)),
     )
 
 
@@ -214,24 +212,14 @@ def _metric_dp_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: 
     )
     base = replace(base, eta=eta, expected_noise_norm=noise_norm)
     if config.clip_norm is None:
-        unbounded = Guarantee(None, 0.0, "epsilon = eta |x-x'|, and |x-x'| has no bound without clip_norm")
-        no_bound = (
-            "No worst-case epsilon: metric_dp without clip_norm leaves the distance between two tokens' embeddings "
-            "unbounded; set clip_norm for a pure epsilon-DP guarantee."
-        )
-        return replace(
-            base,
-            per_token=(unbounded,),
-            per_sequence=(unbounded,),
-            assumptions=(no_bound, d_chi, SCOPE, RANDOMNESS, *_coverage(config)),
-        )
-    token_epsilon = metric_dp_epsilon(eta, float(config.clip_norm))
-    sequence_epsilon = compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
+        return _unbounded(config, base, "eta |x-x'|", "|x-x'|", "distance", d_chi)
+    token_epsilon = dp.metric_dp_epsilon(eta, float(config.clip_norm))
+    sequence_epsilon = dp.compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
     return replace(
         base,
         per_token=(Guarantee(token_epsilon, 0.0, "pure DP: eta * 2C"),),
         per_sequence=(Guarantee(sequence_epsilon, 0.0, "pure DP composition: L E eta 2C"),),
-        assumptions=(SCOPE, d_chi, EMBEDDING_MAP, RANDOMNESS, *_coverage(config)),
+        assumptions=(SCOPE, d_chi, _map(), RANDOMNESS, *_coverage(config)),
     )
 
 
@@ -244,40 +232,54 @@ def _laplace_ledger(config: NoiseConfig, base: PrivacyLedger, sequence_delta: fl
         f"x' differ by at most a factor exp(|x-x'|_1 / b), b = {scale:g}."
     )
     if config.clip_norm is None:
-        unbounded = Guarantee(None, 0.0, "epsilon = |x-x'|_1 / b, and |x-x'|_1 has no bound without clip_norm")
-        no_bound = (
-            "No worst-case epsilon: laplace without clip_norm leaves the L1 distance between two tokens' embeddings "
-            "unbounded; set clip_norm for a pure epsilon-DP guarantee."
-        )
-        return replace(
-            base,
-            per_token=(unbounded,),
-            per_sequence=(unbounded,),
-            assumptions=(no_bound, l1, SCOPE, RANDOMNESS, *_coverage(config)),
-        )
+        return _unbounded(config, base, "|x-x'|_1 / b", "|x-x'|_1", "L1 distance", l1)
     if base.hidden_size is None:
         raise ValueError(
             f"privacy_ledger: hidden_size=None is invalid with mechanism='laplace' and clip_norm={config.clip_norm!r}: "
             "expected the hidden size d, e.g. hidden_size=4096 (the per-token epsilon 2C sqrt(d) / b depends on it)."
         )
-    token_epsilon = laplace_epsilon(scale, float(config.clip_norm), base.hidden_size)
-    sequence_epsilon = compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
-    clipped = (
-        "Each release clips the embedding to L2 norm C before adding noise, so any two tokens' clipped embeddings "
-        "are at L1 distance <= 2C sqrt(d) whatever the (trained, data-dependent) embedding table; composition over "
-        "epochs treats each epoch's embedding map as given."
-    )
+    token_epsilon = dp.laplace_epsilon(scale, float(config.clip_norm), base.hidden_size)
+    sequence_epsilon = dp.compose_pure_dp([token_epsilon]) * base.releases  # L * E equal releases: their sum
     return replace(
         base,
         per_token=(Guarantee(token_epsilon, 0.0, "pure DP: 2C sqrt(d) / b"),),
         per_sequence=(Guarantee(sequence_epsilon, 0.0, "pure DP composition: L E 2C sqrt(d) / b"),),
-        assumptions=(SCOPE, l1, clipped, RANDOMNESS, *_coverage(config)),
+        assumptions=(SCOPE, l1, _map("L2 ", "L1 distance", "2C sqrt(d)"), RANDOMNESS, *_coverage(config)),
     )
 
 
-_LEDGERS = {"gaussian": _gaussian_mechanism_ledger, "d_chi": _metric_dp_ledger, "laplace": _laplace_ledger}
-"""The ledger of each accounting (``NoiseFamily.accounting``), called with the config, the common part and the
-per-sequence delta."""
+def _map(norm: str = "", distance: str = "L2 distance", bound: str = "2C") -> str:
+    return EMBEDDING_MAP.format(norm=norm, distance=distance, bound=bound)
+
+
+def _unbounded(
+    config: NoiseConfig, base: PrivacyLedger, epsilon: str, term: str, distance: str, statement: str
+) -> PrivacyLedger:
+    """The ledger of a pure-DP mechanism run without ``clip_norm``: ``epsilon`` grows with ``term``, the ``distance``
+    between two embeddings, which has no bound."""
+    unbounded = Guarantee(None, 0.0, f"epsilon = {epsilon}, and {term} has no bound without clip_norm")
+    no_bound = (
+        f"No worst-case epsilon: {config.mechanism} without clip_norm leaves the {distance} between two tokens' "
+        "embeddings unbounded; set clip_norm for a pure epsilon-DP guarantee."
+    )
+    return replace(
+        base,
+        per_token=(unbounded,),
+        per_sequence=(unbounded,),
+        assumptions=(no_bound, statement, SCOPE, RANDOMNESS, *_coverage(config)),
+    )
+
+
+Ledger = Callable[[NoiseConfig, PrivacyLedger, float], PrivacyLedger]
+"""``(config, base, sequence_delta) -> ledger``: one accounting's ledger, from the config, the part every ledger
+shares (``base``: mechanism, lengths, clip) and the per-sequence delta of the conversions."""
+LEDGERS: dict[str, Ledger] = {
+    "gaussian_mechanism": _gaussian_mechanism_ledger,
+    "metric_dp": _metric_dp_ledger,
+    "laplace": _laplace_ledger,
+}
+"""The ledger of each accounting by name (``NoiseFamily.accounting`` names a row); a family with a new accounting
+adds its row here."""
 
 
 def _coverage(config: NoiseConfig) -> tuple[str, ...]:
@@ -309,79 +311,6 @@ def _coverage(config: NoiseConfig) -> tuple[str, ...]:
     else:
         lines.append("training_only=false: evaluation passes are further noised releases that E does not count.")
     return tuple(lines)
-
-
-def format_ledger(ledger: PrivacyLedger) -> str:
-    """A plain-text table of the ledger: settings, per-token and per-sequence guarantees, then the assumptions."""
-    rows: list[tuple[str, str, str]] = [("mechanism", ledger.mechanism, "" if ledger.enabled else "disabled")]
-    if ledger.clip_norm is not None:
-        rows.append(("clip norm C", _number(ledger.clip_norm), "embeddings clipped to |x| <= C"))
-        rows.append(("sensitivity 2C", _number(ledger.sensitivity), "L2, one token replaced"))
-    if ledger.sigma is not None:
-        rows.append(("sigma_dp", _number(ledger.sigma), f"{ledger.calibration} calibration"))
-    if ledger.eta is not None:
-        rows.append(("eta", _number(ledger.eta), "epsilon per unit L2 distance"))
-    if ledger.laplace_scale is not None:
-        rows.append(("laplace scale b", _number(ledger.laplace_scale), "per coordinate; 1/b epsilon per unit L1"))
-    if ledger.hidden_size is not None:
-        rows.append(("hidden size d", str(ledger.hidden_size), ""))
-    if ledger.expected_noise_norm is not None:
-        note = "d / eta" if ledger.eta is not None else "~ sigma_dp sqrt(d)"
-        if ledger.laplace_scale is not None:
-            note = "~ b sqrt(2d)"
-        if ledger.clip_norm is not None:
-            note += f"; {ledger.expected_noise_norm / ledger.clip_norm:.4g} x C"
-        rows.append(("expected noise norm E|z|", _number(ledger.expected_noise_norm), note))
-    rows.append(("sequence length L", str(ledger.sequence_length), ""))
-    rows.append(("epochs E", str(ledger.epochs), f"{ledger.releases} token releases per sequence"))
-
-    sections = [("Settings", rows)]
-    if ledger.per_token or ledger.per_sequence:
-        token_rows = [_guarantee_row(guarantee) for guarantee in ledger.per_token]
-        if ledger.token_rho is not None:
-            token_rows.append(("rho (zCDP)", _number(ledger.token_rho), "(2C)^2 / (2 sigma_dp^2)"))
-        sequence_rows = []
-        if ledger.sequence_rho is not None:
-            sequence_rows.append(("rho (zCDP)", _number(ledger.sequence_rho), "L E rho_token"))
-        sequence_rows += [_guarantee_row(guarantee) for guarantee in ledger.per_sequence]
-        sections.append(("Per token (one token replaced, one release)", token_rows))
-        sections.append(
-            (
-                f"Per sequence (all L = {ledger.sequence_length} tokens replaced, E = {ledger.epochs} epochs)",
-                sequence_rows,
-            )
-        )
-
-    width = max(len(row[0]) for _, section_rows in sections for row in section_rows)
-    value_width = max(len(row[1]) for _, section_rows in sections for row in section_rows)
-    lines = [f"Privacy ledger: {ledger.mechanism}"]
-    for title, section_rows in sections:
-        lines.append("")
-        lines.append(title)
-        for label, value, note in section_rows:
-            lines.append(f"  {label:<{width}}  {value:<{value_width}}  {note}".rstrip())
-    lines.append("")
-    lines.append("Assumptions")
-    for text in ledger.assumptions:
-        lines.append(
-            textwrap.fill(text, width=_WRAP, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False)
-        )
-    return "\n".join(lines)
-
-
-_WRAP = 110
-
-
-def _guarantee_row(guarantee: Guarantee) -> tuple[str, str, str]:
-    if guarantee.epsilon is None:
-        return ("epsilon", "unbounded", guarantee.how)
-    if guarantee.delta == 0.0:
-        return ("epsilon (pure)", _number(guarantee.epsilon), guarantee.how)
-    return (f"epsilon at delta={guarantee.delta:g}", _number(guarantee.epsilon), guarantee.how)
-
-
-def _number(value: float) -> str:
-    return f"{value:.6g}"
 
 
 MAX_COUNT = 2**53

@@ -5,22 +5,7 @@ forward step feeds the clean teacher's logits to the plan's post-process node th
 (``distillation``). See ``docs/schedule_plan.md``.
 """
 
-from nemo_noise_plugin.schedule_plan.nodes import (
-    FrozenTolerantLayerNode,
-    LossPostProcessNode,
-    NoisePreProcessNode,
-    NoisyLayerSchedulePlan,
-    NoisyModelChunkSchedulePlan,
-    backward_through_differentiable,
-    skips_final_layernorm_upstream,
-)
+from nemo_noise_plugin.schedule_plan import nodes
+from nemo_noise_plugin.schedule_plan.nodes import *  # noqa: F403 - the package exports what ``nodes`` does
 
-__all__ = [
-    "FrozenTolerantLayerNode",
-    "LossPostProcessNode",
-    "NoisePreProcessNode",
-    "NoisyLayerSchedulePlan",
-    "NoisyModelChunkSchedulePlan",
-    "backward_through_differentiable",
-    "skips_final_layernorm_upstream",
-]
+__all__ = list(nodes.__all__)  # the package exports what ``nodes`` does

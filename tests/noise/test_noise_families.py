@@ -16,9 +16,11 @@ from nemo_noise_plugin.noise.config import (
     NoiseMechanism,
     load_noise_config,
 )
+from nemo_noise_plugin.noise.densities import NOISE_DENSITIES
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
+from nemo_noise_plugin.noise.sampling import UNIT_SAMPLERS
 from nemo_noise_plugin.privacy.audit.sweep import SWEEP_FIELDS
-from nemo_noise_plugin.privacy.ledger import privacy_ledger
+from nemo_noise_plugin.privacy.ledger import LEDGERS, privacy_ledger
 
 FAMILIES = list(NOISE_FAMILIES)
 CONFIG_FIELDS = {field.name for field in dataclasses.fields(NoiseConfig)}
@@ -68,10 +70,20 @@ def test_every_field_a_family_names_is_a_noise_config_field(name):
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_the_fused_kernel_is_claimed_only_for_per_coordinate_units(name):
+def test_every_family_points_to_rows_of_the_building_block_tables(name):
     family = NOISE_FAMILIES[name]
-    assert not (family.kernel and family.unit == "d_chi")
-    assert (family.attacker_density == "d_chi") == (family.unit == "d_chi")
+    sampler = UNIT_SAMPLERS[family.unit]
+    density = NOISE_DENSITIES[family.attacker_density]
+    assert family.accounting is None or family.accounting in LEDGERS
+    assert not (sampler.kernel and sampler.std is None)  # the fused kernel draws per-coordinate units only
+    assert (density.unit_std is None) == (sampler.std is None)  # a whole-vector unit is scored by its own density
+    assert family.density_factor() > 0
+
+
+def test_metric_dp_has_one_name_in_every_table():
+    family = NOISE_FAMILIES["metric_dp"]
+    assert (family.unit, family.attacker_density, family.accounting) == ("metric_dp",) * 3
+    assert "d_chi" not in {*UNIT_SAMPLERS, *NOISE_DENSITIES, *LEDGERS}
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -11,8 +11,8 @@ from scipy import stats
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
-from nemo_noise_plugin.noise.mechanisms import metric_dp_noise
 from nemo_noise_plugin.noise.philox import philox4x32
+from nemo_noise_plugin.noise.sampling import unit_noise
 from nemo_noise_plugin.noise.schedule import NoiseClock, schedule_factor
 
 SEQ, BATCH, HIDDEN = 256, 8, 64
@@ -65,7 +65,7 @@ def test_gaussian_has_standard_deviation_sigma_over_sqrt_l_d():
 def test_metric_dp_radius_is_gamma_d_over_eta_and_direction_is_uniform():
     eta = 40.0
     tokens = 4096
-    noise = metric_dp_noise(7, 0, torch.arange(tokens), torch.zeros(1, dtype=torch.int64), HIDDEN, eta)
+    noise = unit_noise(7, 0, torch.arange(tokens), torch.zeros(1, dtype=torch.int64), HIDDEN, "metric_dp") / eta
     noise = noise.view(-1, HIDDEN).double()
     radius = noise.norm(dim=-1)
     # E|z| = d/eta; |z| ~ Gamma(d, 1/eta) has relative SD 1/sqrt(d), so the mean's SE is 0.2%: a shape of d-1 fails.

@@ -32,7 +32,7 @@ DENOISED = NoiseConfig(
     projection="posterior_mean",
     seed=5,
 )
-DENSITIES = {"gaussian": 1.0, "d_chi": 0.5, "laplace": 3.0}
+DENSITIES = {"gaussian": 1.0, "metric_dp": 0.5, "laplace": 3.0}
 """A scale per density at which the weights spread over several rows (neither one-hot nor flat)."""
 
 
@@ -49,7 +49,7 @@ def _brute_weights(queries: torch.Tensor, table: torch.Tensor, density: str, sca
         rows = rows * (clip / rows.norm(dim=1, keepdim=True)).clamp_max(1.0)
     if density == "gaussian":
         logits = -torch.cdist(queries, rows).pow(2) / (2 * scale**2)
-    elif density == "d_chi":
+    elif density == "metric_dp":
         logits = -torch.cdist(queries, rows) / scale
     else:
         logits = -torch.cdist(queries, rows, p=1.0) / scale

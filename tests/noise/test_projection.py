@@ -22,7 +22,8 @@ from nemo_noise_plugin.noise.projection import (
 )
 from nemo_noise_plugin.privacy.audit.attacks import direction_attack, nearest_neighbour_attack
 from nemo_noise_plugin.privacy.audit.noised import noised_embeddings, noised_tokens
-from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
+from nemo_noise_plugin.privacy.ledger import privacy_ledger
+from nemo_noise_plugin.privacy.ledger_format import format_ledger
 from nemo_noise_plugin.validation import SettingError
 
 VOCAB, HIDDEN, SEQ, BATCH = 256, 64, 16, 4

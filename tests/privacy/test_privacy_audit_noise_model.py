@@ -26,7 +26,7 @@ from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.noise.schedule import schedule_factor
 from nemo_noise_plugin.privacy.audit.beam import noise_likelihood
 from nemo_noise_plugin.privacy.audit.noised import noised_embeddings
-from nemo_noise_plugin.privacy.audit.search import Scoring, search
+from nemo_noise_plugin.privacy.audit.search import search
 
 VOCAB, SEQ, HIDDEN = 300, 96, 128
 LENGTHS = (96, 80, 64, 48)
@@ -92,7 +92,7 @@ def _drawn_and_assumed(name: str, scaling: str, clip_norm: float | None):
     if scoring.clip_norm is not None:
         clean = clean * (scoring.clip_norm / clean.norm(dim=-1, keepdim=True)).clamp_max(1.0)
     noise = noised - clean
-    if scoring.kind == "relative":
+    if scoring.relative:
         noise = noise / table[token_ids].pow(2).mean(dim=-1, keepdim=True).sqrt()
     scale = scoring.scale.view(len(LENGTHS), SEQ)
     per_sequence = [(noise[row, :length].double(), scale[row, :length].double()) for row, length in enumerate(LENGTHS)]
@@ -101,12 +101,12 @@ def _drawn_and_assumed(name: str, scaling: str, clip_norm: float | None):
 
 def _assumed_coordinate_std(kind: str, scale: torch.Tensor) -> torch.Tensor:
     """The per-coordinate standard deviation of the density the likelihood scores with, from that density's math."""
-    if kind in ("gaussian", "relative"):  # exp(-|z|^2 / (2 s^2))
+    if kind == "gaussian":  # exp(-|z|^2 / (2 s^2)), relative or not
         return scale
     if kind == "laplace":  # exp(-|z|_1 / b): variance 2 b^2
         return scale * math.sqrt(2.0)
-    if kind == "metric_dp":  # exp(-eta |z|): |z| ~ Gamma(d, 1/eta), E|z|^2 = d (d + 1) / eta^2
-        return math.sqrt(HIDDEN + 1) / scale
+    if kind == "metric_dp":  # exp(-|z| / s), s = 1/eta: |z| ~ Gamma(d, s), E|z|^2 = d (d + 1) s^2
+        return math.sqrt(HIDDEN + 1) * scale
     raise AssertionError(f"unexpected scoring kind {kind!r}")
 
 
@@ -138,15 +138,15 @@ def test_the_beam_likelihood_has_the_shape_of_the_drawn_noise(name, scaling, cli
         assert scoring.kind == "gaussian"
         assert stats.kstest(normalised, stats.uniform(loc=-math.sqrt(3), scale=2 * math.sqrt(3)).cdf).pvalue > 1e-3
     elif unit == "gaussian":
-        assert scoring.kind in ("gaussian", "relative")
+        assert scoring.kind == "gaussian"
         assert stats.kstest(normalised, stats.norm().cdf).pvalue > 1e-3
     elif unit == "laplace":
         assert scoring.kind == "laplace"
         assert stats.kstest(normalised, stats.laplace().cdf).pvalue > 1e-3
     else:
-        assert unit == "d_chi" and scoring.kind == "metric_dp"
-        eta = scale  # the metric_dp scoring's scale is eta; the radius of exp(-eta |z|) is Gamma(d, 1/eta)
-        assert (noise.norm(dim=-1) * eta).mean().item() == pytest.approx(HIDDEN, rel=0.01)
+        assert unit == "metric_dp" and scoring.kind == "metric_dp"
+        # the metric_dp scoring's scale is s = 1/eta; the radius of exp(-|z| / s) is Gamma(d, s)
+        assert (noise.norm(dim=-1) / scale).mean().item() == pytest.approx(HIDDEN, rel=0.01)
 
 
 # The documented noise of each mechanism, written out from the config's fields (not from NOISE_FAMILIES)
@@ -163,7 +163,7 @@ DOCUMENTED_KIND = {
     "metric_dp": "metric_dp",
     "gaussian_mechanism": "gaussian",
     "quantization": "gaussian",
-    "relative": "relative",
+    "relative": "gaussian",  # with the scale times each row's RMS (Scoring.relative)
     "laplace": "laplace",
 }
 """The density the beam scores each mechanism with; a family added to the registry fails here until it is added."""
@@ -257,11 +257,11 @@ def test_the_beam_scores_the_true_token_with_the_documented_density(name, scalin
     ``-|z|^2 / 2 (s rms)^2 - d log rms``, with the documented s, b or eta of the token's sequence."""
     config, (table, token_ids, padding_mask), noised, noise = _documented_noise(name, scaling, clip_norm)
     scoring = noise_likelihood(config, noised, 1, padding_mask=padding_mask)
-    assert scoring.kind == DOCUMENTED_KIND[name]
+    assert scoring.kind == DOCUMENTED_KIND[name] and scoring.relative == (name == "relative")
     assert scoring.clip_norm == (config.clip_norm if name in ("metric_dp", "gaussian_mechanism", "laplace") else None)
     real = ~padding_mask.reshape(-1)
     queries, ids = noised.reshape(-1, HIDDEN)[real], token_ids.reshape(-1)[real]
-    real_scoring = Scoring(scoring.kind, clip_norm=scoring.clip_norm, scale=scoring.scale[real])
+    real_scoring = dataclasses.replace(scoring, scale=scoring.scale[real])
     scores, found = search(queries, table, real_scoring, top_k=VOCAB, vocab_chunk=VOCAB, query_chunk=VOCAB)
     scored = scores.double().gather(1, (found == ids.unsqueeze(1)).int().argmax(dim=1, keepdim=True)).squeeze(1)
 
@@ -274,7 +274,7 @@ def test_the_beam_scores_the_true_token_with_the_documented_density(name, scalin
         documented = -scale * z.norm(dim=-1)
     else:
         documented = -z.pow(2).sum(-1) / (2.0 * scale.square())
-        if scoring.kind == "relative":  # z is already in units of rms(e)
+        if scoring.relative:  # z is already in units of rms(e)
             documented = documented - HIDDEN * table[ids].double().pow(2).mean(-1).sqrt().log()
     # The search scores in float32 from |y|^2 - 2 y.e + |e|^2, which rounds |y - e|^2 ~ 3e-4 (quantization) by up
     # to 2 % per token; the mean over a sequence's tokens averages that out, a 10 % wrong scale moves it 10-21 %.

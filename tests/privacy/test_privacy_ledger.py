@@ -13,7 +13,8 @@ import pytest
 from nemo_noise_plugin.cli.nemo_noise import run_ledger
 from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES
-from nemo_noise_plugin.privacy.ledger import format_ledger, privacy_ledger
+from nemo_noise_plugin.privacy.ledger import privacy_ledger
+from nemo_noise_plugin.privacy.ledger_format import format_ledger
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GAUSSIAN_PRESET = "dp_gaussian_mechanism"

@@ -6,20 +6,7 @@ family, Faker) generate them, ``common`` holds what the generators share, and ``
 (``scripts/make_task_data.py``). See ``docs/tasks.md``.
 """
 
-from nemo_noise_plugin.data.tasks.shipped import (
-    CANARY_SPLIT,
-    TASK_FAMILIES,
-    task_dataset_config,
-    task_examples,
-    task_files,
-    write_task_files,
-)
+from nemo_noise_plugin.data.tasks import shipped
+from nemo_noise_plugin.data.tasks.shipped import *  # noqa: F403 - the package exports what ``shipped`` does
 
-__all__ = [
-    "CANARY_SPLIT",
-    "TASK_FAMILIES",
-    "task_dataset_config",
-    "task_examples",
-    "task_files",
-    "write_task_files",
-]
+__all__ = list(shipped.__all__)  # the package exports what ``shipped`` does

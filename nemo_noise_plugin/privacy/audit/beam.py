@@ -22,10 +22,6 @@ LmLogProbs = Callable[[torch.Tensor], torch.Tensor]
 _MIN_SCALE = 1e-12  # noise scale used for tokens the configuration leaves (almost) noise-free
 
 
-_SCORING_KINDS = {"gaussian": "gaussian", "laplace": "laplace", "d_chi": "metric_dp"}
-"""The search's scoring of each attacker density (``noise.families.AttackerDensity``)."""
-
-
 def noise_likelihood(
     config: NoiseConfig,
     noised: torch.Tensor,
@@ -37,7 +33,8 @@ def noise_likelihood(
 
     Its per-token scale is the mechanism family's ``attacker_noise`` (``noise/families.py``): the same
     ``token_scale`` the noise layer draws with, from the same sequence lengths, so the attacker's noise model is
-    the drawn noise's for every mechanism and scaling. ``Scoring.scale`` is ``[b * s]``.
+    the drawn noise's for every mechanism and scaling; its density is the family's ``attacker_density``.
+    ``Scoring.scale`` is ``[b * s]``.
     """
     batch, seq, hidden = noised.shape
     if not config.is_active_configuration:
@@ -47,10 +44,7 @@ def noise_likelihood(
         config, lengths, seq, hidden, schedule_factor(config, iteration)
     )
     scale = model.scale.reshape(-1).clamp_min(_MIN_SCALE)
-    if model.density == "d_chi":
-        scale = 1.0 / scale  # the search's metric_dp scoring takes eta
-    kind = "relative" if model.relative else _SCORING_KINDS[model.density]
-    return Scoring(kind, clip_norm=model.clip_norm, scale=scale)
+    return Scoring(model.density, clip_norm=model.clip_norm, scale=scale, relative=model.relative)
 
 
 @torch.no_grad()
@@ -85,7 +79,7 @@ def lm_beam_attack(
     - uniform (NEFTune) and quantization: the same Gaussian form with the noise's standard deviation,
       ``s = f alpha c / sqrt(3)`` and ``s = f D / (2 sqrt(3))`` (a smooth stand-in for the box-shaped density);
     - gaussian_mechanism: ``-|y - clip(e)|^2 / (2 sigma_dp^2)``;
-    - metric_dp: ``-eta |y - clip(e)|``, the exact d_chi density (clipped when ``clip_norm`` is set);
+    - metric_dp: ``-eta |y - clip(e)|``, the exact density of its unit (clipped when ``clip_norm`` is set);
     - relative: the Gaussian log-likelihood with std ``f rho rms(e)``,
       ``-|y - e|^2 / (2 (f rho rms(e))^2) - d log rms(e)``.
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from nemo_noise_plugin.noise.densities import noise_density, squared_distances
 from nemo_noise_plugin.privacy.audit.checks import check_search_args, check_table, shape_of
 from nemo_noise_plugin.validation import check_int
 
@@ -39,15 +39,16 @@ _NO_ID = torch.iinfo(torch.int64).max  # an empty top-k slot; sorts after every 
 class Scoring:
     """How a search ranks table rows for a query (higher is better).
 
-    ``l2``: minus the squared distance; ``cosine``: cosine similarity; ``gaussian``: ``-|y - e|^2 / (2 s^2)``;
-    ``relative``: the Gaussian log-likelihood with std ``s * rms(e)``; ``metric_dp``: ``-eta |y - e|`` (the d_chi
-    density); ``laplace``: ``-|y - e|_1 / b`` (per-coordinate Laplace). ``scale`` holds the per-query ``s``, ``eta``
-    or ``b``; rows are clipped to ``clip_norm`` first when set.
+    ``l2``: minus the squared distance; ``cosine``: cosine similarity; any other ``kind`` names an attacker density
+    of ``noise.densities.NOISE_DENSITIES`` (``gaussian`` ``-|y - e|^2 / (2 s^2)``, ``laplace`` ``-|y - e|_1 / b``,
+    ``metric_dp`` ``-|y - e| / s`` with ``s = 1/eta``), whose per-query scale ``scale`` holds; ``relative``: that
+    scale is times each row's RMS (relative noise). Rows are clipped to ``clip_norm`` first when set.
     """
 
-    kind: Literal["l2", "cosine", "gaussian", "relative", "metric_dp", "laplace"]
+    kind: str
     clip_norm: float | None = None
     scale: torch.Tensor | None = None
+    relative: bool = False
 
 
 def _prepare_rows(rows: torch.Tensor, scoring: Scoring) -> torch.Tensor:
@@ -61,27 +62,14 @@ def _prepare_rows(rows: torch.Tensor, scoring: Scoring) -> torch.Tensor:
     return rows
 
 
-def _squared_distances(queries: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    squared = queries.pow(2).sum(-1, keepdim=True) - 2.0 * queries @ rows.t() + rows.pow(2).sum(-1)
-    return squared.clamp_min(0.0)
-
-
 def _scores(scoring: Scoring, queries: torch.Tensor, rows: torch.Tensor, index: slice) -> torch.Tensor:
     """``[n, v]`` scores of the query chunk ``queries`` (rows ``index`` of all queries) against prepared rows."""
     if scoring.kind == "cosine":
         return F.normalize(queries, dim=-1, eps=TINY) @ rows.t()
-    if scoring.kind == "laplace":
-        return -torch.cdist(queries, rows, p=1.0) / scoring.scale[index].unsqueeze(1)
-    squared = _squared_distances(queries, rows)
     if scoring.kind == "l2":
-        return -squared
-    scale = scoring.scale[index].unsqueeze(1)
-    if scoring.kind == "gaussian":
-        return -squared / (2.0 * scale.square())
-    if scoring.kind == "metric_dp":
-        return -scale * squared.sqrt()
-    rms = rows.pow(2).mean(-1).sqrt().clamp_min(TINY)
-    return -squared / (2.0 * (scale * rms).square()) - rows.size(1) * rms.log()
+        return -squared_distances(queries, rows)
+    row_scale = rows.pow(2).mean(-1).sqrt().clamp_min(TINY) if scoring.relative else None
+    return noise_density(scoring.kind).log_likelihood(queries, rows, scoring.scale[index].unsqueeze(1), row_scale)
 
 
 def _chunk_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """The noise sweep of the privacy audit: token recovery per attack against noise level, with epsilon and task cost.
 
-A sweep varies one setting of one mechanism (NEFTune ``alpha``, Gaussian ``sigma``, d_chi ``eta``, the Gaussian
+A sweep varies one setting of one mechanism (NEFTune ``alpha``, Gaussian ``sigma``, metric-DP ``eta``, the Gaussian
 mechanism's ``epsilon``, or ``distance_multiple`` under ``embedding_distance`` scaling) over levels; at each level
 ``audit`` runs the attacks on the exact noised embeddings, ``privacy_ledger`` gives the per-token and per-sequence
 epsilon, and an optional ``task_loss(config)`` (computed by a model-aware caller, e.g. ``audit_report``) the
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from nemo_noise_plugin.noise.bounds import check_noise_fits
-from nemo_noise_plugin.noise.config import MECHANISMS, NoiseConfig, unused_magnitude_defaults
+from nemo_noise_plugin.noise.config import NoiseConfig, unused_magnitude_defaults
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
 from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit, clips_embeddings
@@ -58,8 +58,8 @@ class Sweep:
     levels: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        check_choice("sweep mechanism", self.mechanism, MECHANISMS)
-        check_choice(f"sweep field for {self.mechanism}", self.field, SWEEP_FIELDS[self.mechanism])
+        check_choice("sweep mechanism", self.mechanism, tuple(NOISE_FAMILIES))
+        check_choice(f"sweep field for {self.mechanism}", self.field, noise_family(self.mechanism).sweep_fields)
         if not self.levels or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in self.levels):
             raise ValueError(f"sweep levels={self.levels!r} are invalid: expected a non-empty list of numbers.")
 
@@ -99,7 +99,7 @@ STANDARD_SWEEPS: tuple[Sweep, ...] = (
     Sweep("metric_dp", "eta", (1000.0, 300.0, 100.0, 30.0, 10.0)),
     Sweep("gaussian_mechanism", "epsilon", (1000.0, 300.0, 100.0, 30.0, 10.0, 3.0)),
 )
-"""``sweep=standard``: NEFTune alpha, Gaussian noise sized from the table, d_chi eta, Gaussian-mechanism epsilon."""
+"""``sweep=standard``: NEFTune alpha, Gaussian noise sized from the table, metric-DP eta, Gaussian-mechanism epsilon."""
 
 
 def parse_sweeps(text: str, mechanism: str) -> list[Sweep]:
