@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import pytest
 import torch
 
@@ -14,6 +17,34 @@ def megatron_cpu():
     init_cpu_parallel(seed=1234)
     yield
     destroy_cpu_parallel()
+
+
+@pytest.fixture(autouse=True)
+def _attention_variables_stay_with_their_test():
+    """Megatron pins the attention backend process-wide in ``NVTE_*`` variables when it builds a model and refuses a
+    later model of another backend; whatever a test (or a training loop it starts in-process) sets there is undone
+    after it, so no test's backend leaks into the next one's models (``tests.support.attention_variables`` gives a
+    test a clean slate inside)."""
+    with _attention_variables_restored():
+        yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _attention_variables_stay_with_their_module():
+    """The same for a module's own fixtures (a module-scoped fixture that trains a model sets them before any test)."""
+    with _attention_variables_restored():
+        yield
+
+
+@contextlib.contextmanager
+def _attention_variables_restored():
+    saved = {name: value for name, value in os.environ.items() if name.startswith("NVTE_")}
+    try:
+        yield
+    finally:
+        for name in [name for name in os.environ if name.startswith("NVTE_")]:
+            del os.environ[name]
+        os.environ.update(saved)
 
 
 @pytest.fixture
