@@ -26,8 +26,8 @@ def _leading_matches(tokens: list[int], reference: list[int]) -> int:
 def test_teacher_forced_answers_are_what_greedy_generation_produces(smollm2_hf_dir):  # noqa: F811
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nemo_noise_plugin.jobs.audit.data import AUDIT_CHATS, answer_spans
-    from nemo_noise_plugin.jobs.audit.targets import _task_exact_match
+    from nemo_noise_plugin.jobs.audit.data import AUDIT_CHATS, answer_spans, padded
+    from nemo_noise_plugin.jobs.audit.targets import hf_exact_match
 
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_hf_dir))
     model = AutoModelForCausalLM.from_pretrained(str(smollm2_hf_dir), dtype=torch.float32).eval()
@@ -49,7 +49,9 @@ def test_teacher_forced_answers_are_what_greedy_generation_produces(smollm2_hf_d
     assert forced_matches == generated_matches  # greedy follows the reference exactly as far as the argmax does
     assert max(generated_matches) > 0  # the comparison is not vacuous: some answers start right
     assert all(by_generation == by_argmax for by_generation, by_argmax in exact)
-    clean = _task_exact_match(model, table, tokenizer)(NoiseConfig(enabled=False))
-    assert 0.0 <= clean <= 1.0
-    drowned = _task_exact_match(model, table, tokenizer)(NoiseConfig(alpha=1e5))
-    assert drowned == 0.0
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 2
+    ids, padding = padded(sequences[:EXAMPLES], pad_id)
+    exact_match = hf_exact_match(model, table, ids, padding, spans[:EXAMPLES])
+    by_generation = sum(by_gen for by_gen, _ in exact) / EXAMPLES
+    assert exact_match(NoiseConfig(enabled=False)) == pytest.approx(by_generation)  # padding changes no answer
+    assert exact_match(NoiseConfig(alpha=1e5)) == 0.0
