@@ -66,6 +66,7 @@ PRESETS = {  # seq, global batch, micro-batch, lr, repeats, steps, discard, warm
     "tiny": dict(seq=128, global_batch=4, micro_batch=2, lr=1e-3, repeats=1, steps=2, discard=0, warm=0),
 }
 BASELINE, CONTROL = "plugin_off", "plugin_off_again"
+PROFILED = ("plugin_off", "plugin_on", "plain")  # main-thread runners (TRL's loop runs in a worker thread)
 
 
 def plugin_config(model: str, model_path: str, settings: dict, alpha: float | None):
@@ -217,6 +218,11 @@ def main(argv: list[str] | None = None) -> dict:
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help="default: the --model preset's")
     parser.add_argument("--lr", type=float, help="default: the --model preset's")
     parser.add_argument("--runners", help="comma-separated subset of plugin_on,trl_off,trl_on,plain (plugin_off runs)")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="STEPS",
+        help="after the measurement, STEPS more steps of plugin_on, plugin_off and plain under torch.profiler "
+        "(<out>/profile_<runner>.txt and profile.json: host vs device time per step, kernel launches)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     settings = {key: getattr(args, key) if getattr(args, key) is not None else value
                 for key, value in PRESETS[args.model].items()}  # fmt: skip
@@ -254,9 +260,15 @@ def main(argv: list[str] | None = None) -> dict:
     measured = measure_interleaved(
         {name: runners[name].steps for name in order}, settings["repeats"], settings["steps"], settings["discard"]
     )
+    results = report(args, settings, batches, runners, resident, measured)
+    if args.profile:
+        from benchmarks.step_profile import profile_runners
+
+        profiled = {name: runners[name].runner.steps for name in PROFILED if name in runners}
+        profile_runners(profiled, args.profile, Path(args.out), args.device)
     for runner in runners.values():
         getattr(runner.runner, "close", lambda: None)()
-    return report(args, settings, batches, runners, resident, measured)
+    return results
 
 
 def report(args, settings, batches: Batches, runners: dict, resident: dict, measured: dict) -> dict:

@@ -76,9 +76,16 @@ def test_the_llama_path_starts_plugin_and_plain_from_the_same_random_weights(tin
     monkeypatch.setattr(sft_throughput, "LLAMA_1B", dims)
     arguments = ["--model", "llama-1b", "--hf-path", str(tiny_llama_dir), "--device", "cpu", "--out", str(tmp_path)]
     arguments += ["--seq", "32", "--global-batch", "4", "--micro-batch", "2", "--steps", "2", "--repeats", "1"]
-    found = sft_throughput.main([*arguments, "--discard", "0", "--warm", "0", "--runners", "plain"])
+    found = sft_throughput.main([*arguments, "--discard", "0", "--warm", "0", "--runners", "plain", "--profile", "1"])
     assert set(found) == {"plugin_off", "plugin_off_again", "plain"}
     assert found["plain"]["tokens_per_step"] == [4 * 32, 4 * 32]  # random tokens: every position scored
     assert found["plain"]["answer_tokens_per_step"] == found["plain"]["tokens_per_step"]
     assert found["plugin_off"]["losses"][:2] == pytest.approx(found["plain"]["losses"], rel=1e-4)
     assert found["plain"]["losses"][0] == pytest.approx(math.log(512), rel=0.05)  # random init: ~ln(vocab)
+    profiled = json.loads((tmp_path / "profile.json").read_text())  # --profile 1: one more step of each, profiled
+    assert set(profiled) == {"plugin_off", "plain"}
+    for name, summary in profiled.items():
+        assert summary["steps"] == 1 and summary["wall_ms_per_step"] > 0
+        assert summary["kernel_launches_per_step"] == 0  # no CUDA on the CPU
+        assert "top operators by host time" in (tmp_path / f"profile_{name}.txt").read_text()
+    assert len(json.loads((tmp_path / "plain.json").read_text())["losses"]) == 2  # written before the profile
