@@ -113,3 +113,28 @@ def test_a_read_only_file_system_is_a_clear_error(tmp_path):
 
 def test_a_usable_output_folder_is_created(tmp_path):
     assert check_output_dir(tmp_path / "a" / "b").is_dir()
+
+
+def test_an_output_folder_name_too_long_for_the_file_system_names_the_setting(tmp_path):
+    """``Path.exists`` raised ENAMETOOLONG outside the check (the main job then blamed --noise-config)."""
+    long_path = tmp_path / ("x" * 300)
+    with pytest.raises(ValueError, match=r"^--output-dir='.*x{300}' is invalid: the folder cannot be written"):
+        check_output_dir(long_path)
+
+
+def test_a_dangling_symlink_output_folder_names_its_missing_target(tmp_path):
+    """It was ``the folder cannot be written (File exists)``."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "gone")
+    for create in (True, False):
+        with pytest.raises(ValueError, match=r"is a symbolic link to '.*gone', which does not exist"):
+            check_output_dir(link, create=create)
+    assert not (tmp_path / "gone").exists()
+
+
+def test_the_main_job_blames_the_output_folder_not_the_noise_config_for_a_long_name(tmp_path, capsys):
+    from nemo_noise_plugin.cli.main_job import main
+
+    assert main(["--output-dir", str(tmp_path / ("y" * 300))]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("error: --output-dir=") and "--noise-config" not in last

@@ -78,3 +78,38 @@ def test_an_audit_sweep_refuses_a_level_that_would_write_nan_rows():
             parse_sweeps("alpha:5,1e30", "uniform"),
             loss_mask=torch.ones(2, 8),
         )
+
+
+def test_an_audit_sweep_with_only_the_direction_attack_on_a_non_clipping_level_names_it():
+    """attacks=direction on uniform noise (no clipping) was reported as ``attacks=[] is invalid``."""
+    from nemo_noise_plugin.privacy.audit.sweep import audit_sweep, parse_sweeps
+
+    with pytest.raises(ValueError, match=r"^attacks=direction is invalid for mechanism='uniform': 'direction' needs"):
+        audit_sweep(
+            torch.randn(32, 16),
+            torch.randint(0, 32, (2, 8)),
+            NoiseConfig(),
+            parse_sweeps("alpha:5", "uniform"),
+            ("direction",),
+            loss_mask=torch.ones(2, 8),
+        )
+
+
+@pytest.mark.parametrize(
+    ("count", "lengths"),
+    [(2, [2]), (65, [64, 2]), (129, [64, 64, 2]), (128, [64, 64]), (10, [10])],
+)
+def test_take_tokens_takes_a_two_token_last_piece_where_one_token_is_left(count, lengths):
+    """tokens=65 / 129 at max_length 64 said the corpus "has only 64 tokens": a 1-token remainder was dropped."""
+    from nemo_noise_plugin.jobs.audit.data import take_tokens
+
+    pieces = take_tokens([list(range(100))] * 5, count, 64)
+    assert [len(piece) for piece in pieces] == lengths
+
+
+def test_take_tokens_refuses_fewer_than_two_tokens():
+    """tokens=1 said the corpus "has only 0 tokens"."""
+    from nemo_noise_plugin.jobs.audit.data import take_tokens
+
+    with pytest.raises(ValueError, match=r"^tokens=1 is invalid: expected at least 2"):
+        take_tokens([list(range(100))], 1, 64)

@@ -61,10 +61,13 @@ def padded(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
 def take_tokens(
     sequences: Sequence[Sequence[int]], count: int, max_length: int, what: str = "the held-out text"
 ) -> list[list[int]]:
-    """Sequences (each cut to ``max_length``) in order until they hold ``count`` tokens (the last one cut)."""
+    """Sequences (each cut to ``max_length``) in order until they hold ``count`` tokens (the last one cut). A piece
+    holds at least 2 tokens, so where only one token would be left the last piece takes 2 (``count + 1`` in all)."""
+    if count < 2:
+        raise ValueError(f"tokens={count} is invalid: expected at least 2 (an audited piece holds at least 2 tokens).")
     chosen, total = [], 0
     for sequence in sequences:
-        piece = list(sequence)[: min(max_length, count - total)]
+        piece = list(sequence)[: min(max_length, max(2, count - total))]
         if len(piece) >= 2:
             chosen.append(piece)
             total += len(piece)

@@ -56,9 +56,14 @@ def check_output_dir(path: str | os.PathLike[str], setting: str = "--output-dir"
     if not text.strip():
         raise ValueError(f"{setting}={text!r} is invalid: expected the path of a folder, e.g. outputs/main_job.")
     folder = Path(text)
-    if folder.exists() and not folder.is_dir():
-        raise ValueError(f"{setting}={text!r} is invalid: it is a file, not a folder; give a folder path.")
     try:
+        if folder.is_symlink() and not folder.exists():
+            raise ValueError(
+                f"{setting}={text!r} is invalid: it is a symbolic link to {os.readlink(folder)!r}, which does not "
+                "exist; create that folder or give another path."
+            )
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{setting}={text!r} is invalid: it is a file, not a folder; give a folder path.")
         if not create:
             _check_could_create(folder)
             return folder

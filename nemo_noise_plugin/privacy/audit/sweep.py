@@ -211,6 +211,12 @@ def audit_sweep(
                 config = dataclasses.replace(config, embedding_distance=distance)
             check_noise_fits(config, table.size(1), table.dtype)  # not NaN rows in the report
             usable = [a for a in attacks if a != "direction" or clips_embeddings(config)]
+            if not usable:
+                raise ValueError(
+                    f"attacks={','.join(attacks)} is invalid for mechanism={sweep.mechanism!r}: 'direction' needs "
+                    "clipped embeddings and this level does not clip; expected another attack beside it "
+                    "(e.g. attacks=nn_l2,direction)."
+                )
             skipped += [{"mechanism": sweep.mechanism, "attack": a} for a in attacks if a not in usable]
             report = audit(
                 table,
