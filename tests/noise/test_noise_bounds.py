@@ -84,7 +84,11 @@ def test_an_audit_sweep_with_only_the_direction_attack_on_a_non_clipping_level_n
     """attacks=direction on uniform noise (no clipping) was reported as ``attacks=[] is invalid``."""
     from nemo_noise_plugin.privacy.audit.sweep import audit_sweep, parse_sweeps
 
-    with pytest.raises(ValueError, match=r"^attacks=direction is invalid for mechanism='uniform': 'direction' needs"):
+    with pytest.raises(
+        ValueError,
+        match=r"^attacks includes 'direction' but the noise config \(mechanism='uniform'.*"
+        r"does not clip: expected a clipped mechanism",
+    ):
         audit_sweep(
             torch.randn(32, 16),
             torch.randint(0, 32, (2, 8)),

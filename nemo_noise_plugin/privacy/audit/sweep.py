@@ -23,7 +23,7 @@ from nemo_noise_plugin.noise.bounds import check_noise_fits
 from nemo_noise_plugin.noise.config import NoiseConfig, unused_magnitude_defaults
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, noise_family
 from nemo_noise_plugin.privacy.audit.beam import LmLogProbs
-from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit, clips_embeddings
+from nemo_noise_plugin.privacy.audit.run import ATTACKS, audit, check_attacks, clips_embeddings
 from nemo_noise_plugin.privacy.audit.search import (
     DEFAULT_QUERY_CHUNK,
     DEFAULT_VOCAB_CHUNK,
@@ -211,12 +211,8 @@ def audit_sweep(
                 config = dataclasses.replace(config, embedding_distance=distance)
             check_noise_fits(config, table.size(1), table.dtype)  # not NaN rows in the report
             usable = [a for a in attacks if a != "direction" or clips_embeddings(config)]
-            if not usable:
-                raise ValueError(
-                    f"attacks={','.join(attacks)} is invalid for mechanism={sweep.mechanism!r}: 'direction' needs "
-                    "clipped embeddings and this level does not clip; expected another attack beside it "
-                    "(e.g. attacks=nn_l2,direction)."
-                )
+            if not usable:  # only 'direction', on a level that does not clip: the audit's own refusal names it
+                check_attacks(attacks, config, lm_log_probs)
             skipped += [{"mechanism": sweep.mechanism, "attack": a} for a in attacks if a not in usable]
             report = audit(
                 table,
