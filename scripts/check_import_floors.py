@@ -112,7 +112,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         LIBRARY,
         "noise config",
-        ("noise.config", "noise.calibration", "noise.families", "noise.bounds", "noise.densities"),
+        ("noise.config", "noise.calibration", "noise.families", "noise.bounds", "noise.densities", "noise.token_prior"),
     ),
     (LIBRARY, "random streams", ("noise.sampling", "noise.triton_kernel", "noise.philox")),
     (LIBRARY, "presets", ("presets",)),

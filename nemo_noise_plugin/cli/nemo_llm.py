@@ -36,7 +36,6 @@ plugin's command moves to ``nemo noise finetune``, and each recipe is also regis
 import contextlib
 import importlib
 import importlib.util
-import os
 import sys
 from collections.abc import Callable
 from typing import Any, Optional
@@ -53,6 +52,7 @@ from nemo_noise_plugin.cli.console import (
 )
 from nemo_noise_plugin.cli.exits import end_sigterm_stop, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
+from nemo_noise_plugin.cli.nemo2 import nemo2_factory, nemo2_llm_finetune
 
 quiet_for_nemo_command()  # before the imports below bring in Megatron (NeMo-Run imports this module at start-up)
 if running_the_plugin_command():
@@ -77,7 +77,6 @@ __all__ = [
     "FinetuneEntrypoint",
     "FinetuneRunContext",
     "finetune",
-    "nemo2_llm_finetune",
     "register_nemo_factory",
     "registered_executors",
     "registered_factories",
@@ -357,37 +356,6 @@ class FinetuneEntrypoint(Entrypoint):
         )
 
 
-def _nemo2_llm_installed() -> bool:
-    """Whether NeMo 2's ``nemo.collections.llm`` package is on the path (found without importing anything)."""
-    spec = importlib.util.find_spec("nemo")
-    locations = (spec.submodule_search_locations or []) if spec is not None else []
-    return any(os.path.isfile(os.path.join(path, "collections", "llm", "__init__.py")) for path in locations)
-
-
-def nemo2_llm_finetune() -> Optional[Callable]:  # noqa: UP045
-    """NeMo 2's ``llm.finetune`` entrypoint when ``nemo.collections.llm`` is installed and imports, else None.
-
-    NeMo 2.x's ``llm`` needs megatron-core 0.16, so next to this plugin (megatron-core 0.19) it usually fails to
-    import; then ``nemo`` cannot load NeMo's ``llm`` group either, and the plugin's ``llm finetune`` shadows nothing.
-    """
-    if not _nemo2_llm_installed():
-        return None
-    try:
-        from nemo.collections.llm import finetune as nemo2_finetune
-    except Exception:  # installed but unusable in this environment
-        return None
-    return nemo2_finetune
-
-
-def _nemo2_factory(name: str) -> Callable[[], Any]:
-    def factory() -> Any:
-        return run.Partial(finetune, factory=name)
-
-    factory.__name__ = factory.__qualname__ = name
-    factory.__doc__ = f"The plugin's recipe {RECIPES[name].path}, run by nemo_noise_plugin.cli.nemo_llm.finetune."
-    return factory
-
-
 _NEMO2_FINETUNE = nemo2_llm_finetune()
 run.cli.entrypoint(
     namespace="noise" if _NEMO2_FINETUNE is not None else "llm",
@@ -399,4 +367,4 @@ for _name, _kind in EXECUTORS.items():  # one NeMo-Run factory per table entry
 for _name, _recipe in RECIPES.items():
     register_nemo_factory(_name, _recipe.path)
     if _NEMO2_FINETUNE is not None:
-        run.cli.factory(_nemo2_factory(_name), target=_NEMO2_FINETUNE, name=_name)
+        run.cli.factory(nemo2_factory(finetune, _name), target=_NEMO2_FINETUNE, name=_name)

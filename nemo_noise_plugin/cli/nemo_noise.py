@@ -11,7 +11,6 @@ installed).
 
 # No ``from __future__ import annotations`` and no ``X | None``: NeMo-Run's argument parser (0.11) needs real
 # types and rejects ``types.UnionType`` ("Unsupported type: float | None"), so the optional arguments use Optional.
-import dataclasses
 import sys
 from collections.abc import Sequence
 from typing import Any, Optional
@@ -56,24 +55,16 @@ class KeyValueEntrypoint(Entrypoint):
 def run_ledger(arguments: Sequence[str]) -> str:
     """The ledger table for ``config=NAME_OR_PATH sequence_length=L [epochs=E] [delta=D] [hidden_size=d]
     [<NoiseConfig field>=<value> ...]``; raises ``ValueError`` naming a bad or missing argument."""
-    from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+    from nemo_noise_plugin.noise.config import load_noise_config, parse_noise_arguments
     from nemo_noise_plugin.privacy.ledger import privacy_ledger
     from nemo_noise_plugin.privacy.ledger_format import format_ledger
-    from nemo_noise_plugin.yaml_files import parse_key_values
 
-    values = parse_key_values(arguments)
-    fields = [field.name for field in dataclasses.fields(NoiseConfig)]
-    unknown = sorted(key for key in values if key not in LEDGER_SETTINGS and key not in fields)
-    if unknown:
-        raise ValueError(
-            f"unknown argument(s) {', '.join(unknown)}: expected {', '.join(LEDGER_SETTINGS)} or a NoiseConfig field "
-            f"({', '.join(fields)})."
-        )
-    missing = [key for key in ("config", "sequence_length") if key not in values]
-    if missing:
-        raise ValueError(
-            f"missing argument(s) {', '.join(missing)}: e.g. config=dp_gaussian_mechanism sequence_length=512."
-        )
+    values = parse_noise_arguments(
+        arguments,
+        LEDGER_SETTINGS,
+        required=("config", "sequence_length"),
+        example="config=dp_gaussian_mechanism sequence_length=512",
+    )
     overrides = {key: value for key, value in values.items() if key not in LEDGER_SETTINGS}
     config = load_noise_config(str(values["config"]), **overrides)
     ledger = privacy_ledger(

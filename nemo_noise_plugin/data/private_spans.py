@@ -29,7 +29,14 @@ import torch
 
 from nemo_noise_plugin.validation import SettingError
 
-__all__ = ["PRIVATE_SPANS_FIELD", "SPAN_ROLES", "PrivateSpan", "private_token_mask", "read_private_spans"]
+__all__ = [
+    "PRIVATE_SPANS_FIELD",
+    "SPAN_ROLES",
+    "PrivateSpan",
+    "private_token_mask",
+    "read_private_spans",
+    "rendered_chat_ids",
+]
 
 PRIVATE_SPANS_FIELD = "private_spans"
 """The top-level JSONL field holding an example's private spans."""
@@ -141,6 +148,15 @@ def _content_offset(tokenizer: Any, messages: Sequence[Mapping[str, Any]], index
     return position
 
 
+def rendered_chat_ids(tokenizer: Any, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> list[int]:
+    """The token ids of ``messages`` rendered by the chat template, as ``private_token_mask``'s mask indexes them."""
+    return list(_encode(tokenizer, _render(tokenizer, messages, **template_kwargs))["input_ids"])
+
+
+def _encode(tokenizer: Any, rendered: str) -> Any:
+    return tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+
+
 def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], **template_kwargs: Any) -> str:
     return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=False, **template_kwargs)
 
@@ -169,7 +185,7 @@ def private_token_mask(
             rendered verbatim, or a span's tokens reach outside its message's content (a chat marker).
     """
     rendered = _render(tokenizer, messages, **template_kwargs)
-    encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+    encoded = _encode(tokenizer, rendered)
     ids, offsets = list(encoded["input_ids"]), [tuple(pair) for pair in encoded["offset_mapping"]]
     if input_ids is not None and [int(token) for token in input_ids] != ids:
         raise SettingError(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES, gaussian_mechanism_sigma, noise_family
+from nemo_noise_plugin.noise.token_prior import read_token_prior
 from nemo_noise_plugin.presets import load_config_yaml_fields, preset_path
 from nemo_noise_plugin.validation import (
     SettingError,
@@ -130,11 +132,15 @@ class NoiseConfig:
     """``nearest_row``: each noised token's embedding is then replaced by the embedding-table row nearest to it
     (``noise/projection.py``). Post-processing of the noised embedding: any DP guarantee of the mechanism is
     unchanged. Any mechanism; it does something only while noise is added. ``posterior_mean``: replaced by the
-    mean of the table rows weighted by the mechanism's noise density at the release (uniform prior;
-    ``noise/denoise.py``); only mechanisms with one fixed density (``_check_projection``)."""
+    mean of the table rows weighted by the mechanism's noise density at the release (uniform prior, or
+    ``projection_prior``'s; ``noise/denoise.py``); only mechanisms with one fixed density (``_check_projection``)."""
     projection_metric: ProjectionMetric = "l2"
     """What ``nearest_row`` means: ``l2`` (distance to the rows as the mechanism noises them, clipped where it clips)
     or ``cosine`` (the most similar direction)."""
+    projection_prior: str | None = None
+    """``posterior_mean`` only: a token-prior file (``noise/token_prior.py``; ``data.span_token_prior`` writes one from
+    a chat JSONL's private spans) whose prior over the rows replaces the uniform one, e.g. the task's vocabulary.
+    Post-processing with public side information: the DP guarantee is unchanged. Read when the config is checked."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -195,8 +201,22 @@ class NoiseConfig:
         self._check_unused_magnitudes()
 
     def _check_projection(self) -> None:
-        """posterior_mean weighs the rows by the noise density: it needs one with a single scale per run."""
+        """posterior_mean weighs the rows by the noise density: it needs one with a single scale per run; a prior
+        file only with it, and one that reads as a token prior."""
         family = noise_family(self.mechanism)
+        if self.projection_prior is not None:
+            if not isinstance(self.projection_prior, (str, os.PathLike)) or not os.fspath(self.projection_prior):
+                raise SettingError(_FIELD + "projection_prior", self.projection_prior, "a token-prior file or None")
+            self.projection_prior = os.fspath(self.projection_prior)
+            if self.projection != "posterior_mean":
+                raise SettingError(
+                    _FIELD + "projection_prior",
+                    self.projection_prior,
+                    "None",
+                    context=f" with projection={self.projection!r}",
+                    why=": only projection='posterior_mean' weighs the rows by a prior",
+                )
+            read_token_prior(self.projection_prior)
         if self.projection != "posterior_mean":
             return
         if family.unit != family.attacker_density:
@@ -346,3 +366,32 @@ def load_noise_config(name_or_path: str | os.PathLike[str], **overrides: Any) ->
         private = load_noise_config("private_prompt_gaussian_mechanism", epsilon=20.0)
     """
     return load_config_yaml_fields(NoiseConfig, preset_path("noise", name_or_path), **overrides)
+
+
+def parse_noise_arguments(
+    arguments: Sequence[str],
+    settings: Collection[str],
+    *,
+    required: Sequence[str] | Callable[[dict[str, Any]], Sequence[str]],
+    example: str,
+    text_keys: Collection[str] = (),
+) -> dict[str, Any]:
+    """``key=value`` ``arguments`` of a command whose keys are its own ``settings`` or ``NoiseConfig`` fields.
+
+    Raises ``ValueError`` naming any unknown key (with what is allowed) or any missing ``required`` one (keys, or a
+    function of the parsed values giving them) with ``example``, a working argument list; ``text_keys`` stay strings
+    (``yaml_files.parse_key_values``)."""
+    from nemo_noise_plugin.yaml_files import parse_key_values
+
+    values = parse_key_values(arguments, text_keys=text_keys)
+    names = [entry.name for entry in fields(NoiseConfig)]
+    unknown = sorted(key for key in values if key not in settings and key not in names)
+    if unknown:
+        raise ValueError(
+            f"unknown argument(s) {', '.join(unknown)}: expected {', '.join(settings)} or a NoiseConfig field "
+            f"({', '.join(names)})."
+        )
+    missing = [key for key in (required(values) if callable(required) else required) if key not in values]
+    if missing:
+        raise ValueError(f"missing argument(s) {', '.join(missing)}: e.g. {example}.")
+    return values

@@ -33,13 +33,14 @@ from nemo_noise_plugin.noise.projection import (
     DEFAULT_MAX_ELEMENTS,
     NO_ROW,
     Projection,
-    _gather_sequence,
+    TableQueries,
     _group_size,
     _prepared_rows,
     nearest_rows,
     project_noised,
 )
-from nemo_noise_plugin.validation import check_choice, check_int
+from nemo_noise_plugin.noise.token_prior import read_token_prior
+from nemo_noise_plugin.validation import SettingError, check_choice, check_int
 
 __all__ = ["denoise_noised", "posterior_mean_noised", "posterior_mean_rows", "posterior_scale"]
 
@@ -55,7 +56,7 @@ class _SoftLookup(torch.autograd.Function):
     """This rank's part ``sum_{v in shard} w_v e_v`` of the posterior mean; backward: ``w^T grad`` to the rows."""
 
     @staticmethod
-    def forward(ctx, queries, table, density, scale, clip_norm, vocab_start, group, max_elements):
+    def forward(ctx, queries, table, density, scale, clip_norm, vocab_start, group, max_elements, log_prior):
         count, hidden = queries.shape
         log_likelihood = noise_density(density).log_likelihood
         peak = torch.full((count,), -math.inf, device=queries.device)
@@ -68,13 +69,15 @@ class _SoftLookup(torch.autograd.Function):
             rows = _prepared_rows(raw, "l2", clip_norm)
             for first in range(0, count, query_chunk):
                 index = slice(first, first + query_chunk)
-                logits = log_likelihood(queries[index], rows, scale)
+                logits = _prior_logits(log_likelihood(queries[index], rows, scale), log_prior, start, vocab_chunk)
                 values, columns = logits.max(dim=1)  # the first of equal maxima: the smallest id of this chunk
                 better = values > peak[index]
                 best_ids[index] = torch.where(better, columns + (vocab_start + start), best_ids[index])
+                # Rows of prior 0 score -inf; a block with no row of the prior's support leaves the peak at -inf.
                 new_peak = torch.maximum(peak[index], values)
-                decay = torch.exp(peak[index] - new_peak)  # exp(-inf) = 0 on the first block
-                weights = torch.exp(logits - new_peak.unsqueeze(1))
+                shift = torch.where(torch.isfinite(new_peak), new_peak, torch.zeros_like(new_peak))
+                decay = torch.exp(peak[index] - shift)  # exp(-inf) = 0 on the first block
+                weights = torch.exp(logits - shift.unsqueeze(1))
                 total[index] = total[index] * decay + weights.sum(1)
                 weighted[index] = weighted[index] * decay.unsqueeze(1) + weights @ raw
                 peak[index] = new_peak
@@ -88,14 +91,14 @@ class _SoftLookup(torch.autograd.Function):
             dist.all_reduce(total, group=group)
         log_normaliser = peak + total.log()
         ctx.save_for_backward(queries, table, log_normaliser)
-        ctx.settings = (density, scale, clip_norm, max_elements)
+        ctx.settings = (density, scale, clip_norm, max_elements, log_prior)
         ctx.mark_non_differentiable(best_ids)
         return (weighted / total.unsqueeze(1)).to(table.dtype), best_ids
 
     @staticmethod
     def backward(ctx, grad_output, _grad_ids):
         queries, table, log_normaliser = ctx.saved_tensors
-        density, scale, clip_norm, max_elements = ctx.settings
+        density, scale, clip_norm, max_elements, log_prior = ctx.settings
         log_likelihood = noise_density(density).log_likelihood
         grad_output = grad_output.float()
         grad_table = torch.zeros(table.shape, device=table.device)
@@ -104,10 +107,15 @@ class _SoftLookup(torch.autograd.Function):
             rows = _prepared_rows(table[start : start + vocab_chunk], "l2", clip_norm)
             for first in range(0, queries.size(0), query_chunk):
                 index = slice(first, first + query_chunk)
-                logits = log_likelihood(queries[index], rows, scale)
+                logits = _prior_logits(log_likelihood(queries[index], rows, scale), log_prior, start, vocab_chunk)
                 weights = torch.exp(logits - log_normaliser[index].unsqueeze(1))
                 grad_table[start : start + vocab_chunk] += weights.t() @ grad_output[index]
-        return None, grad_table.to(table.dtype), None, None, None, None, None, None
+        return None, grad_table.to(table.dtype), None, None, None, None, None, None, None
+
+
+def _prior_logits(logits: torch.Tensor, log_prior: torch.Tensor | None, start: int, count: int) -> torch.Tensor:
+    """``logits`` (``[queries, rows]`` log-likelihoods of the rows ``start ..``) plus the rows' log-prior."""
+    return logits if log_prior is None else logits + log_prior[start : start + count].unsqueeze(0)
 
 
 def _partial_posterior_mean(
@@ -120,6 +128,7 @@ def _partial_posterior_mean(
     vocab_start: int,
     group: dist.ProcessGroup | None,
     max_elements: int,
+    log_prior: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     check_choice("posterior_mean_rows: density", density, tuple(NOISE_DENSITIES))
     check_int("posterior_mean_rows: max_elements", max_elements, minimum=1)
@@ -128,7 +137,20 @@ def _partial_posterior_mean(
             f"posterior_mean_rows: queries {list(queries.shape)} and table {list(table.shape)} are invalid: expected "
             "[N, h] queries and a [V, h] table of the same h."
         )
+    if log_prior is not None and (log_prior.dim() != 1 or log_prior.size(0) != table.size(0)):
+        raise ValueError(
+            f"posterior_mean_rows: log_prior {list(log_prior.shape)} is invalid: expected [{table.size(0)}], one "
+            "log-prior per row of the table (shard)."
+        )
     queries = queries.detach().float()
+    if not scale > 0 and log_prior is not None:
+        raise SettingError(
+            "NoiseConfig.projection_prior",
+            "a prior",
+            "None",
+            context=f" with noise scale {scale}",
+            why=": without noise the posterior is the own row whatever the prior",
+        )
     if not scale > 0:  # no noise: the posterior is the own (nearest) row, the limit scale -> 0
         ids = nearest_rows(
             queries, table, clip_norm=clip_norm, vocab_start=vocab_start, group=group, max_elements=max_elements
@@ -137,7 +159,11 @@ def _partial_posterior_mean(
         own = (local >= 0) & (local < table.size(0))
         rows = table[torch.where(own, local, torch.zeros_like(local))] * own.unsqueeze(-1).to(table.dtype)
         return rows, ids
-    return _SoftLookup.apply(queries, table, density, float(scale), clip_norm, vocab_start, group, max_elements)
+    if log_prior is not None:
+        log_prior = log_prior.to(device=queries.device, dtype=torch.float32)
+    return _SoftLookup.apply(
+        queries, table, density, float(scale), clip_norm, vocab_start, group, max_elements, log_prior
+    )
 
 
 def posterior_mean_rows(
@@ -150,16 +176,18 @@ def posterior_mean_rows(
     vocab_start: int = 0,
     group: dist.ProcessGroup | None = None,
     max_elements: int = DEFAULT_MAX_ELEMENTS,
+    log_prior: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The posterior mean ``[N, h]`` of the rows of ``table`` given each of the ``[N, h]`` releases ``queries``,
     and ``[N]`` the most likely (MAP) row id of each.
 
     ``density`` (a row of ``NOISE_DENSITIES``: ``gaussian``, ``metric_dp``, ``laplace``) and ``scale`` (sigma,
     ``1/eta``, ``b``) are the mechanism's noise; the rows are clipped to ``clip_norm`` in the likelihood when given,
-    the mean is of the unclipped rows.
-    The prior is uniform over the rows. ``table`` may be this rank's vocabulary shard (global ids ``vocab_start``..)
-    of the tensor-parallel ``group``; every rank passes the same queries and gets the same result. Differentiable in
-    ``table`` as a soft lookup with the weights held fixed. ``scale == 0`` gives the nearest (own) row.
+    the mean is of the unclipped rows. The prior is uniform over the rows, or ``log_prior`` (``[V]``, one per row of
+    ``table``, ``-inf`` for a row of prior 0: ``noise.token_prior.TokenPrior.log_prior``), and the MAP row is then the
+    most probable one under it. ``table`` may be this rank's vocabulary shard (global ids ``vocab_start``..) of the
+    tensor-parallel ``group``; every rank passes the same queries and gets the same result. Differentiable in
+    ``table`` as a soft lookup with the weights held fixed. ``scale == 0`` gives the nearest (own) row (no prior).
 
     Example::
 
@@ -174,6 +202,7 @@ def posterior_mean_rows(
         vocab_start=vocab_start,
         group=group,
         max_elements=max_elements,
+        log_prior=log_prior,
     )
     if _group_size(group) > 1:
         from megatron.core import tensor_parallel
@@ -202,34 +231,44 @@ def posterior_mean_noised(
 ) -> Projection:
     """``noised`` (``[s, b, h]``) with each ``selected`` (``[s, b]``) token replaced by its posterior mean.
 
-    Arguments as ``projection.project_noised``; the
-    ``Projection.ids`` are the MAP rows (under ``gaussian`` the clipped-l2 nearest rows). Unselected tokens are
-    returned as they are, with their gradients.
+    Arguments as ``projection.project_noised``; the ``Projection.ids`` are the MAP rows (under ``gaussian`` without a
+    prior the clipped-l2 nearest rows). The prior over the rows is ``config.projection_prior``'s (uniform without
+    one). Unselected tokens are returned as they are, with their gradients.
     """
-    weight = embedding.weight
-    group = group if group is not None else getattr(embedding, "tp_group", None)
-    vocab_start = int(getattr(embedding, "vocab_start_index", 0))
-    gather = sequence_parallel and _group_size(group) > 1
-    queries = _gather_sequence(noised.detach(), group) if gather else noised.detach()
-    chosen = _gather_sequence(selected, group) if gather else selected
+    table = TableQueries.of(noised, selected, embedding, sequence_parallel, group)
+    weight, group = table.weight, table.group
     family = noise_family(config.mechanism)
+    log_prior = None
+    if config.projection_prior is not None:
+        prior = read_token_prior(config.projection_prior)
+        rows_in_all = int(getattr(embedding, "num_embeddings", weight.size(0)))
+        if prior.vocab_size > rows_in_all:
+            raise SettingError(
+                "NoiseConfig.projection_prior",
+                config.projection_prior,
+                f"a prior over at most the table's {rows_in_all} rows",
+                why=f": it is over vocab_size={prior.vocab_size} tokens",
+            )
+        log_prior = prior.log_prior(weight.size(0), start=table.vocab_start, device=weight.device)
     means, ids = _partial_posterior_mean(
-        queries[chosen],
+        table.queries[table.chosen],
         weight,
         density=family.attacker_density,
         scale=posterior_scale(config, weight.size(1)),
         clip_norm=float(config.clip_norm) if family.clips(config) else None,
-        vocab_start=vocab_start,
+        vocab_start=table.vocab_start,
         group=group,
         max_elements=max_elements,
+        log_prior=log_prior,
     )
+    chosen = table.chosen
     all_ids = torch.full(chosen.shape, NO_ROW, dtype=torch.int64, device=noised.device)
     all_ids[chosen] = ids
     rows = means.new_zeros((*chosen.shape, weight.size(1))).index_put((chosen,), means)
     if _group_size(group) > 1:
         from megatron.core import tensor_parallel
 
-        if gather:
+        if table.gather:
             rows = tensor_parallel.reduce_scatter_to_sequence_parallel_region(rows, group=group)
         else:
             rows = tensor_parallel.reduce_from_tensor_model_parallel_region(rows, group=group)

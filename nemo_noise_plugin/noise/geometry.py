@@ -178,41 +178,6 @@ def token_geometry(
     local_index = cp_local_rows(local_rows, layout, device)
     cp_local_length = local_rows * layout.sp_size
     private = _local_private_mask(batch, local_index, cp_local_length) if need_private else None
-    geometry = _token_geometry(local_index, batch_size, batch, layout, cp_group, need_lengths, need_response)
-    geometry.private = private
-    return geometry
-
-
-def _local_private_mask(batch: NoiseBatchInputs, local_index: torch.Tensor, cp_local_length: int) -> torch.Tensor:
-    """``[s, b]`` private-span mask of the local rows: the CP-local ``[b, s]`` mask read at ``rows`` (as the padding
-    mask is), so sequence parallelism's scatter is undone and no communication is needed."""
-    mask = batch.private_mask
-    if mask is None:
-        raise ValueError(
-            "NoiseConfig.tokens='spans' needs the batch's private_mask (True inside a marked private span), and the "
-            "forward call passed none. Give the batch a 'private_mask' key (data.span_dataset builds it from an "
-            "SFT JSONL's 'private_spans'), pass private_mask= to noise_batch_inputs, or set noise.tokens='all'."
-        )
-    if mask.dim() != 2 or mask.size(1) != cp_local_length:
-        raise ValueError(
-            f"private_mask has shape {list(mask.shape)}: expected [b, {cp_local_length}], the batch's (context-"
-            "parallel-local) token shape."
-        )
-    return mask.to(device=local_index.device).bool()[:, local_index].t()
-
-
-def _token_geometry(
-    local_index: torch.Tensor,
-    batch_size: int,
-    batch: NoiseBatchInputs,
-    layout: LocalLayout,
-    cp_group: dist.ProcessGroup | None,
-    need_lengths: bool,
-    need_response: bool,
-) -> TokenGeometry:
-    device = local_index.device
-    local_rows = local_index.numel()
-    cp_local_length = local_rows * layout.sp_size
     global_length = cp_local_length * layout.cp_size
     if need_response and batch.loss_mask is None:
         raise ValueError(
@@ -220,7 +185,9 @@ def _token_geometry(
             "and the forward call passed none. Pass loss_mask= to the model's forward or set noise.tokens='all'."
         )
     if batch.packed:
-        return _packed_geometry(local_index, batch, layout, cp_group, need_response, global_length)
+        geometry = _packed_geometry(local_index, batch, layout, cp_group, need_response, global_length)
+        geometry.private = private
+        return geometry
     positions = zigzag_to_global(local_index, cp_local_length, layout)
     lengths = torch.full((batch_size,), float(global_length), device=device)
     if batch.padding_mask is not None:
@@ -250,7 +217,26 @@ def _token_geometry(
         lengths=lengths.view(1, -1).expand(local_rows, batch_size),
         response=response,
         global_length=global_length,
+        private=private,
     )
+
+
+def _local_private_mask(batch: NoiseBatchInputs, local_index: torch.Tensor, cp_local_length: int) -> torch.Tensor:
+    """``[s, b]`` private-span mask of the local rows: the CP-local ``[b, s]`` mask read at ``rows`` (as the padding
+    mask is), so sequence parallelism's scatter is undone and no communication is needed."""
+    mask = batch.private_mask
+    if mask is None:
+        raise ValueError(
+            "NoiseConfig.tokens='spans' needs the batch's private_mask (True inside a marked private span), and the "
+            "forward call passed none. Give the batch a 'private_mask' key (data.span_dataset builds it from an "
+            "SFT JSONL's 'private_spans'), pass private_mask= to noise_batch_inputs, or set noise.tokens='all'."
+        )
+    if mask.dim() != 2 or mask.size(1) != cp_local_length:
+        raise ValueError(
+            f"private_mask has shape {list(mask.shape)}: expected [b, {cp_local_length}], the batch's (context-"
+            "parallel-local) token shape."
+        )
+    return mask.to(device=local_index.device).bool()[:, local_index].t()
 
 
 def _gather_global_loss_mask(

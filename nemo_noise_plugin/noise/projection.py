@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_ELEMENTS",
     "NO_ROW",
     "Projection",
+    "TableQueries",
     "lookup_rows",
     "nearest_rows",
     "project_noised",
@@ -178,6 +179,45 @@ def _gather_sequence(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch.Te
     return gathered.bool() if tensor.dtype == torch.bool else gathered
 
 
+@dataclass(frozen=True)
+class TableQueries:
+    """What a replacement of noised tokens by table rows reads: the table (shard) and its tensor-parallel place, and
+    the noised tokens of the whole group's sequence (gathered under sequence parallelism) with their selection."""
+
+    weight: torch.Tensor
+    """The ``[V or V / tp, h]`` table (shard)."""
+    group: dist.ProcessGroup | None
+    vocab_start: int
+    """The global id of the shard's first row."""
+    gather: bool
+    """Whether ``queries`` and ``chosen`` were gathered over the sequence-parallel group."""
+    queries: torch.Tensor
+    """``[s, b, h]`` detached noised embeddings."""
+    chosen: torch.Tensor
+    """``[s, b]`` the selected (noised) tokens."""
+
+    @classmethod
+    def of(
+        cls,
+        noised: torch.Tensor,
+        selected: torch.Tensor,
+        embedding: Any,
+        sequence_parallel: bool,
+        group: dist.ProcessGroup | None,
+    ) -> TableQueries:
+        """``project_noised``'s arguments read: ``group`` defaults to the embedding's ``tp_group``."""
+        group = group if group is not None else getattr(embedding, "tp_group", None)
+        gather = sequence_parallel and _group_size(group) > 1
+        return cls(
+            weight=embedding.weight,
+            group=group,
+            vocab_start=int(getattr(embedding, "vocab_start_index", 0)),
+            gather=gather,
+            queries=_gather_sequence(noised.detach(), group) if gather else noised.detach(),
+            chosen=_gather_sequence(selected, group) if gather else selected,
+        )
+
+
 def project_noised(
     noised: torch.Tensor,
     selected: torch.Tensor,
@@ -197,22 +237,19 @@ def project_noised(
     with their gradients; a selected token's output carries the gradient to its chosen row only. Under
     ``sequence_parallel`` ``noised`` and ``selected`` are this rank's positions of the group's sequence.
     """
-    weight = embedding.weight
-    group = group if group is not None else getattr(embedding, "tp_group", None)
-    vocab_start = int(getattr(embedding, "vocab_start_index", 0))
-    gather = sequence_parallel and _group_size(group) > 1
-    queries = _gather_sequence(noised.detach(), group) if gather else noised.detach()
-    chosen = _gather_sequence(selected, group) if gather else selected
+    table = TableQueries.of(noised, selected, embedding, sequence_parallel, group)
     clip_norm = float(config.clip_norm) if noise_family(config.mechanism).clips(config) else None
-    ids = torch.full(chosen.shape, NO_ROW, dtype=torch.int64, device=noised.device)
-    ids[chosen] = nearest_rows(
-        queries[chosen],
-        weight,
+    ids = torch.full(table.chosen.shape, NO_ROW, dtype=torch.int64, device=noised.device)
+    ids[table.chosen] = nearest_rows(
+        table.queries[table.chosen],
+        table.weight,
         metric=config.projection_metric,
         clip_norm=clip_norm,
-        vocab_start=vocab_start,
-        group=group,
+        vocab_start=table.vocab_start,
+        group=table.group,
         max_elements=max_elements,
     )
-    rows = lookup_rows(ids, weight, vocab_start=vocab_start, group=group, sequence_parallel=gather)
+    rows = lookup_rows(
+        ids, table.weight, vocab_start=table.vocab_start, group=table.group, sequence_parallel=table.gather
+    )
     return Projection(torch.where(selected.unsqueeze(-1), rows.to(noised.dtype), noised), ids)

@@ -299,6 +299,8 @@ def _coverage(config: NoiseConfig) -> tuple[str, ...]:
     lines.append("Padding tokens are never noised; L counts the noised tokens of one sequence.")
     if config.projection != "none":
         target = "its nearest table row" if config.projection == "nearest_row" else "the posterior mean of the rows"
+        if config.projection_prior is not None:
+            target += f" under the token prior {config.projection_prior} (public side information, not the input)"
         lines.append(
             f"projection={config.projection!r} replaces each noised embedding by {target}: "
             "post-processing of the release, so the guarantee is unchanged."

@@ -26,11 +26,9 @@ from nemo_noise_plugin.recipes.common import (
     CUDA_FREE_SETTINGS,
     bf16_settings,
     default_kd,
-    default_noise,
-    recipe_run_dir,
 )
 from nemo_noise_plugin.recipes.registry import register_recipe
-from nemo_noise_plugin.recipes.tiny import TINY_MODEL, small_gpt_config
+from nemo_noise_plugin.recipes.tiny import TINY_MODEL, student_config
 
 if TYPE_CHECKING:
     from nemo_noise_plugin.distillation.config import KDConfig
@@ -76,26 +74,15 @@ def _hybrid_settings(seq_length: int, pattern: str, *, local: bool) -> dict:
 
 
 def _tiny_hybrid_config(
-    dir: str | None,
-    name: str,
-    *,
-    pattern: str,
-    local: bool,
-    train_iters: int,
-    seq_length: int,
-    lr: float,
-    data: str,
-    noise: NoiseConfig | None,
-    kd: KDConfig | None = None,
-):
+    dir: str | None, name: str, *, pattern: str, local: bool, noise: NoiseConfig | None, kd: KDConfig | None = None,
+    **run: Any,
+):  # fmt: skip
     """The tiny hybrid model as the plugin's hybrid provider (a noisy student of its clean copy with ``kd``)."""
     from nemo_noise_plugin.providers.hybrid import NoisyHybridDistillationProvider, NoisyHybridModelProvider
 
-    settings = dict(_hybrid_settings(seq_length, pattern, local=local), noise=default_noise(noise))
-    model = NoisyHybridModelProvider(**settings) if kd is None else NoisyHybridDistillationProvider(**settings, kd=kd)
-    return small_gpt_config(
-        model, run_dir=recipe_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
-    )
+    providers = (NoisyHybridModelProvider, NoisyHybridDistillationProvider)
+    settings = _hybrid_settings(run["seq_length"], pattern, local=local)
+    return student_config(providers, settings, dir, name, noise=noise, kd=kd, **run)
 
 
 @register_recipe("tiny_hybrid_noise_sft", embedded_corpus=True, reports=("robustness",))

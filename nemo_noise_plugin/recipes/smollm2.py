@@ -101,6 +101,14 @@ def instruction_finetuning_config(
     )
 
 
+def _smollm2_recipe(
+    dir: str | None, name: str, hf_path: str, noise: NoiseConfig | None, kd: KDConfig | None, **settings: Any
+):  # fmt: skip
+    """``instruction_finetuning_config`` of ``smollm2_provider`` (a distillation provider with ``kd``)."""
+    provider, hf_path = smollm2_provider(hf_path, noise, kd)
+    return instruction_finetuning_config(provider, hf_path, run_dir=recipe_run_dir(dir, name), **settings)
+
+
 @register_recipe(
     "smollm2_135m_noise_sft", embedded_corpus=True, hf_model=SMOLLM2_HF_MODEL, reports=("task", "robustness")
 )
@@ -117,11 +125,12 @@ def smollm2_135m_noise_sft_config(
     micro_batch_size: int = 4,
 ):
     """Noisy fine-tuning (NEFTune alpha 5 by default) of SmolLM2-135M-Instruct. Train with ``noise_forward_step``."""
-    provider, hf_path = smollm2_provider(hf_path, noise)
-    return instruction_finetuning_config(
-        provider,
+    return _smollm2_recipe(
+        dir,
+        name,
         hf_path,
-        run_dir=recipe_run_dir(dir, name),
+        noise,
+        None,
         train_iters=train_iters,
         seq_length=seq_length,
         lr=lr,
@@ -148,11 +157,12 @@ def smollm2_135m_noise_distillation_config(
     micro_batch_size: int = 4,
 ):
     """Noisy SmolLM2 student + frozen clean copy, CE + forward KL. Train with ``distillation_forward_step``."""
-    provider, hf_path = smollm2_provider(hf_path, noise, default_kd(kd))
-    return instruction_finetuning_config(
-        provider,
+    return _smollm2_recipe(
+        dir,
+        name,
         hf_path,
-        run_dir=recipe_run_dir(dir, name),
+        noise,
+        default_kd(kd),
         train_iters=train_iters,
         seq_length=seq_length,
         lr=lr,

@@ -102,6 +102,7 @@ def private_task_finetuning_config(
 
 
 def _private_recipe(task: str, name: str, dir: str | None, noise: NoiseConfig, hf_path: str, **settings: Any):
+    """``private_task_finetuning_config`` of ``smollm2_provider`` on the ``task`` family."""
     provider, hf_path = smollm2_provider(hf_path, noise)
     return private_task_finetuning_config(provider, hf_path, task=task, run_dir=recipe_run_dir(dir, name), **settings)
 

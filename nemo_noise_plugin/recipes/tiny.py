@@ -112,25 +112,31 @@ def small_gpt_config(
     )
 
 
-def _tiny_config(
+def student_config(
+    providers: tuple[type, type],
+    model_settings: dict[str, Any],
     dir: str | None,
     name: str,
     *,
-    train_iters: int,
-    seq_length: int,
-    lr: float,
-    data: str,
     noise: NoiseConfig | None,
-    kd: KDConfig | None = None,
+    kd: KDConfig | None,
+    **run: Any,
 ):
+    """``small_gpt_config`` of a small model built from ``model_settings`` by ``providers`` (the plugin's noisy
+    provider, and its distillation provider when ``kd`` is given: a noisy student of its clean copy); ``run`` is
+    ``small_gpt_config``'s ``train_iters``, ``seq_length``, ``lr`` and ``data``."""
+    noisy, distillation = providers
+    settings = dict(model_settings, noise=default_noise(noise))
+    model = noisy(**settings) if kd is None else distillation(**settings, kd=kd)
+    return small_gpt_config(model, run_dir=recipe_run_dir(dir, name), **run)
+
+
+def _tiny_config(dir: str | None, name: str, *, noise: NoiseConfig | None, kd: KDConfig | None = None, **run: Any):
     """The tiny GPT as the plugin's provider (a noisy student of its clean copy with ``kd``) in ``small_gpt_config``."""
     from nemo_noise_plugin.providers import NoisyDistillationProvider, NoisyGPTModelProvider
 
-    settings = dict(_tiny_model_settings(seq_length), noise=default_noise(noise))
-    model = NoisyGPTModelProvider(**settings) if kd is None else NoisyDistillationProvider(**settings, kd=kd)
-    return small_gpt_config(
-        model, run_dir=recipe_run_dir(dir, name), train_iters=train_iters, seq_length=seq_length, lr=lr, data=data
-    )
+    providers = (NoisyGPTModelProvider, NoisyDistillationProvider)
+    return student_config(providers, _tiny_model_settings(run["seq_length"]), dir, name, noise=noise, kd=kd, **run)
 
 
 @register_recipe("tiny_noise_sft", embedded_corpus=True, reports=("robustness",))

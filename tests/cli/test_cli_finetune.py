@@ -332,10 +332,11 @@ def test_with_nemo2_installed_the_plugin_does_not_shadow_its_llm_finetune(tmp_pa
         import catalogue
         from nemo_run.cli.cli_parser import parse_cli_args, parse_factory
         from nemo.collections.llm import finetune as nemo2_finetune
+        from nemo_noise_plugin.cli import nemo2 as cli_nemo2
         from nemo_noise_plugin.cli import nemo_llm as cli_llm
 
         root = "nemo_run.cli.entrypoints"
-        print(cli_llm.nemo2_llm_finetune() is nemo2_finetune)
+        print(cli_nemo2.nemo2_llm_finetune() is nemo2_finetune)
         print(catalogue._get((root, "llm", "finetune")).fn is nemo2_finetune)
         print(catalogue._get((root, "noise", "finetune")).fn is cli_llm.finetune)
         task = parse_factory(nemo2_finetune, "", nemo2_finetune, "tiny_noise_sft")

@@ -24,13 +24,12 @@ import yaml
 from nemo_run.config import get_nemorun_home, set_nemorun_home
 from nemo_run.core.execution.launcher import Torchrun
 
+from nemo_noise_plugin.jobs.executors.factories import local_executor, slurm_executor
 from nemo_noise_plugin.jobs.executors.settings import (
     EXECUTOR_FACTORIES,
     ExecutorSettingError,
     build_executor,
     check_executor,
-    local_executor,
-    slurm_executor,
 )
 from nemo_noise_plugin.jobs.executors.task import run_on_executor
 from tests.support.hub_configs import write_offline_hub

@@ -1,6 +1,7 @@
 """Posterior-mean denoising at every tensor-parallel layout: the single-rank decoder input and embedding gradients.
 
-Real Megatron-Core GPT models on gloo CPU processes: TP=2 (the vocabulary split in two shards, whose log-sum-exps
+Real Megatron-Core GPT models on gloo CPU processes, without a prior and with a token prior whose support lies in the
+first shard only: TP=2 (the vocabulary split in two shards, whose log-sum-exps
 are combined by the all-reduced maximum and sum, with and without sequence parallelism) and DP=2 denoise one global
 batch's noised tokens; their decoder inputs, put back at the positions and samples each rank holds, and their
 embedding-weight gradients under a fixed linear loss (shards concatenated, DP ranks summed) must equal the
@@ -16,12 +17,15 @@ import torch
 
 from tests.noise import test_projection_layouts as layouts
 from tests.noise.test_posterior_mean import DENOISED
+from tests.noise.test_posterior_mean_prior import PRIOR_FILE
 from tests.noise.test_projection import token_batch
 from tests.support.gloo_ranks import run_on_gloo_ranks
 
 CONFIGS = {
     "gaussian_mechanism": DENOISED,
     "laplace": dataclasses.replace(DENOISED, mechanism="laplace", laplace_scale=1.0, epsilon=None),
+    # A token prior over ids 8..119: at TP=2 the second shard (ids 128..255) has prior 0 everywhere.
+    "gaussian_mechanism_prior": dataclasses.replace(DENOISED, projection_prior=str(PRIOR_FILE)),
 }
 
 

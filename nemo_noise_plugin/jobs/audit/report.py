@@ -129,43 +129,36 @@ def run_audit_report(
             )
         chunks = {k: v for k, v in dict(vocab_chunk=vocab_chunk, query_chunk=query_chunk).items() if v is not None}
         common = dict(sequence_length=sequence_length, epochs=epochs or 1, neighbour_sample=neighbour_sample, **chunks)
-        report = audit_sweep(
-            target.table.to(device),
-            target.token_ids,
-            base_config,
-            sweeps,
-            attacks,
-            lm_log_probs=target.lm_log_probs if "lm_beam" in attacks else None,
+
+        def sweep_of(audited: AuditTarget, **extra: Any) -> dict[str, Any]:
+            """``audit_sweep`` of one target (the data's or a canary set's) at this audit's levels and attacks."""
+            return audit_sweep(
+                audited.table.to(device),
+                audited.token_ids,
+                base_config,
+                sweeps,
+                attacks,
+                lm_log_probs=audited.lm_log_probs if "lm_beam" in attacks else None,
+                padding_mask=audited.padding_mask,
+                private_mask=audited.private_mask,
+                special_ids=audited.special_ids,
+                **common,
+                **extra,
+            )
+
+        report = sweep_of(
+            target,
             task_loss=target.task_loss if task_loss else None,
             task_exact_match=target.task_exact_match if task_loss else None,
-            padding_mask=target.padding_mask,
-            private_mask=target.private_mask,
-            special_ids=target.special_ids,
             metadata={
                 "model": target.name,
                 "data": target.data,
                 **metadata,
                 "task_loss_note": target.task_loss_note if task_loss else "not measured",
             },
-            **common,
         )
         if spans is not None:
-
-            def canary_sweep(canary: AuditTarget) -> dict[str, Any]:
-                return audit_sweep(
-                    canary.table.to(device),
-                    canary.token_ids,
-                    base_config,
-                    sweeps,
-                    attacks,
-                    lm_log_probs=canary.lm_log_probs if "lm_beam" in attacks else None,
-                    padding_mask=canary.padding_mask,
-                    private_mask=canary.private_mask,
-                    special_ids=canary.special_ids,
-                    **common,
-                )
-
-            add_span_results(report, target, canaries, canary_sweep, epochs or 1)
+            add_span_results(report, target, canaries, sweep_of, epochs or 1)
     finally:
         if model == "tiny":
             from nemo_noise_plugin.jobs.cpu import destroy_cpu_parallel

@@ -11,8 +11,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from nemo_noise_plugin.yaml_files import parse_key_values
-
 __all__ = [
     "AUDIT_COUNTS",
     "AUDIT_COUNT_LIMITS",
@@ -87,26 +85,19 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     from nemo_noise_plugin.jobs.audit.data import check_audit_data
     from nemo_noise_plugin.jobs.audit.run_folder import TrainedRun, check_hf_dir, read_run_folder
     from nemo_noise_plugin.jobs.audit.targets import MODELS
-    from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config
+    from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config, parse_noise_arguments
     from nemo_noise_plugin.privacy.audit.run import ATTACKS
     from nemo_noise_plugin.privacy.audit.sweep import Sweep, parse_sweeps
     from nemo_noise_plugin.validation import check_choice, check_int
 
-    values = parse_key_values(arguments, text_keys=[key for key, kind in AUDIT_SETTINGS.items() if kind is str])
-    fields = [field.name for field in dataclasses.fields(NoiseConfig)]
-    unknown = sorted(key for key in values if key not in AUDIT_SETTINGS and key not in fields)
-    if unknown:
-        raise ValueError(
-            f"unknown argument(s) {', '.join(unknown)}: expected {', '.join(AUDIT_SETTINGS)} or a NoiseConfig field "
-            f"({', '.join(fields)})."
-        )
-    required = ("output_dir",) if "run" in values else ("model", "sweep", "output_dir")
-    missing = [key for key in required if key not in values]
-    if missing:
-        raise ValueError(
-            f"missing argument(s) {', '.join(missing)}: e.g. model=tiny mechanism=uniform sweep=alpha:1,5,10 "
-            "output_dir=audit_out, or run=<training run folder> output_dir=audit_out."
-        )
+    values = parse_noise_arguments(
+        arguments,
+        AUDIT_SETTINGS,
+        required=lambda values: ("output_dir",) if "run" in values else ("model", "sweep", "output_dir"),
+        example="model=tiny mechanism=uniform sweep=alpha:1,5,10 output_dir=audit_out, or run=<training run folder> "
+        "output_dir=audit_out",
+        text_keys=[key for key, kind in AUDIT_SETTINGS.items() if kind is str],
+    )
     settings = {**AUDIT_DEFAULTS, **{key: value for key, value in values.items() if key in AUDIT_SETTINGS}}
     for key, kind in AUDIT_SETTINGS.items():
         value = settings.get(key)

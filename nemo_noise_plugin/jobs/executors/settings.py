@@ -4,8 +4,8 @@
 ``cli.nemo_llm`` registers them with NeMo-Run), ``build_executor`` applies the command line's
 ``executor.KEY=VALUE`` settings to its ``run.Config`` with NeMo-Run's own parser and builds it, and
 ``check_executor`` rejects what cannot work before anything starts (the entry's check and the shared ones of
-``jobs.executors.checks``). The factories (``jobs.executors.factories``) are importable from here too. Importing
-this module is cheap (NeMo-Run, no torch or Bridge).
+``jobs.executors.checks``); the factories live in ``jobs.executors.factories``. Importing this module is cheap
+(NeMo-Run, no torch or Bridge).
 """
 
 from __future__ import annotations
@@ -23,30 +23,14 @@ from nemo_noise_plugin.jobs.executors.checks import (
     check_layout,
     check_mounted_job_dir,
 )
-from nemo_noise_plugin.jobs.executors.factories import (
-    DEFAULT_ENV_VARS,
-    dgxcloud_executor,
-    docker_executor,
-    lepton_executor,
-    local_executor,
-    slurm_executor,
-    slurm_ssh_executor,
-)
 from nemo_noise_plugin.jobs.executors.kinds import EXECUTORS, kind_of
 
 __all__ = [
     "COUNT_SETTINGS",
-    "DEFAULT_ENV_VARS",
     "EXECUTOR_FACTORIES",
     "ExecutorSettingError",
     "build_executor",
     "check_executor",
-    "dgxcloud_executor",
-    "docker_executor",
-    "lepton_executor",
-    "local_executor",
-    "slurm_executor",
-    "slurm_ssh_executor",
 ]
 
 EXECUTOR_FACTORIES: dict[str, Callable[..., Any]] = {name: kind.factory for name, kind in EXECUTORS.items()}
