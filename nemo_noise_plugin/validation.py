@@ -20,6 +20,7 @@ the two trusts it (docs/bridge_config.md, "Where settings are checked").
 from __future__ import annotations
 
 import math
+import numbers
 
 __all__ = [
     "FLOAT32_MAX",
@@ -30,6 +31,8 @@ __all__ = [
     "check_int",
     "check_number",
     "is_finite_number",
+    "shown_value",
+    "type_note",
 ]
 
 FLOAT32_MAX = 3.4028234663852886e38
@@ -46,7 +49,7 @@ class SettingError(ValueError):
 
     def __init__(self, setting: str, value: object, expected: str, *, context: str = "", why: str = "") -> None:
         self.setting, self.value, self.expected, self.context, self.why = setting, value, expected, context, why
-        super().__init__(f"{setting}={value!r} is invalid{context}: expected {expected}{why}.")
+        super().__init__(f"{setting}={shown_value(value)} is invalid{context}: expected {expected}{why}.")
 
     def __reduce__(self):  # picklable although __init__ takes more than the message (torchrun, multiprocessing)
         return _rebuild_setting_error, (type(self), self.setting, self.value, self.expected, self.context, self.why)
@@ -54,6 +57,34 @@ class SettingError(ValueError):
 
 def _rebuild_setting_error(kind: type, setting: str, value: object, expected: str, context: str, why: str):
     return kind(setting, value, expected, context=context, why=why)
+
+
+def shown_value(value: object, limit: int = 80) -> str:
+    """``repr(value)``; a number's middle cut out when longer than ``limit`` characters (a 400-digit integer). Other
+    values (paths, lists) are shown whole."""
+    text = repr(value)
+    if len(text) <= limit or not isinstance(value, numbers.Number):
+        return text
+    return f"{text[: limit // 2]}...{text[-12:]} ({len(text)} characters)"
+
+
+def type_note(value: object, wanted: str) -> str:
+    """Why ``value`` is not of the ``wanted`` kind (``number``, ``integer``, ``bool``) when its type is the reason:
+    a quoted YAML value, a bool, a float for an integer, a numpy/torch/Decimal/Fraction number; "" otherwise."""
+    if isinstance(value, str):
+        plain = "true or false" if wanted == "bool" else "the number"
+        return f": {value!r} is a string (quoted?); write {plain} without quotes"
+    if isinstance(value, bool) and wanted != "bool":
+        return f": {value!r} is a bool, not a {wanted}"
+    if wanted == "integer" and isinstance(value, float):
+        return f": {value!r} is a float; write an integer"
+    kind = type(value)
+    if kind.__module__ != "builtins" and (hasattr(value, "item") or isinstance(value, numbers.Number)):
+        convert = "int" if wanted == "integer" else "float"
+        return f": it is a {kind.__module__}.{kind.__qualname__}, not a Python {wanted}; pass {convert}(...) of it"
+    if isinstance(value, int) and wanted == "number" and not is_finite_number(value):
+        return ": it is larger than any float"
+    return ""
 
 
 def is_finite_number(value: object) -> bool:
@@ -75,7 +106,7 @@ def check_choice(setting: str, value: object, allowed: tuple[str, ...]) -> None:
 def check_bool(setting: str, value: object) -> None:
     """``SettingError`` unless ``value`` is a bool."""
     if not isinstance(value, bool):
-        raise SettingError(setting, value, "true or false")
+        raise SettingError(setting, value, "true or false", why=type_note(value, "bool"))
 
 
 def _range(minimum: float | None, maximum: float | None, inclusive: bool) -> str:
@@ -112,7 +143,7 @@ def check_number(
     if not valid:
         bound = _range(minimum, maximum, inclusive)
         expected = f"a finite number {bound}".rstrip() + (" (or null)" if optional else "")
-        raise SettingError(setting, value, expected, why=why)
+        raise SettingError(setting, value, expected, why=why or type_note(value, "number"))
 
 
 def check_int(
@@ -124,7 +155,7 @@ def check_int(
     if not valid or (maximum is not None and value > maximum):
         limit = f" and <= {maximum}" if maximum is not None else ""
         expected = f"an integer >= {minimum}{limit}" + (" (or null)" if optional else "")
-        raise SettingError(setting, value, expected, why=why)
+        raise SettingError(setting, value, expected, why=why or type_note(value, "integer"))
 
 
 def check_float32(setting: str, value: float, *, what: str = "the noise") -> None:

@@ -73,7 +73,7 @@ def write_token_prior(
     _checked(document, str(path))
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")  # concurrent writers never share one
     partial.write_text(json.dumps(document) + "\n")
     os.replace(partial, target)
     return target

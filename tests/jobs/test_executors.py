@@ -299,6 +299,10 @@ def test_with_nemo2_installed_nemo_noise_finetune_launches_through_an_executor(t
             "did you mean executor.ntasks_per_node?",
         ),
         (["executor=local", "executor.ntasks_per_node=two"], "executor.ntasks_per_node='two' is invalid"),
+        (
+            ["executor=slurm", "executor.account="],
+            "executor.account= has an empty value: expected str; leave the setting out for SlurmExecutor's default.",
+        ),
         (["executor=slurm", "executor.nodes=2"], "executor.account is required for executor=slurm"),
         (["executor=local", "executor.nodes=2"], "executor.nodes=2 is invalid: executor=local runs on this machine"),
         (["executor=local", "executor.ntasks_per_node=0"], "executor.ntasks_per_node=0 is invalid: expected a whole"),

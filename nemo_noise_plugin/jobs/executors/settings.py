@@ -112,6 +112,11 @@ def build_executor(config: Any, name: str, settings: Sequence[str]) -> Any:
             parse_cli_args(config, [setting])
         except CLIException:
             expected = _expected(fields[head])
+            if not value:  # NeMo-Run's parser takes no empty value, whatever the type
+                raise ExecutorSettingError(
+                    f"executor.{key}= has an empty value: expected {expected}; leave the setting out for "
+                    f"{executor_class.__name__}'s default."
+                ) from None
             raise ExecutorSettingError(
                 f"executor.{key}={value!r} is invalid for {executor_class.__name__}: expected {expected}."
             ) from None
