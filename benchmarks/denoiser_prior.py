@@ -139,7 +139,7 @@ def main() -> None:
         for name, (rows, ids) in variants.items():
             per_seed.setdefault(name, []).append(
                 dict(
-                    recovery=float((ids == truth).float().mean()) if ids is not None else float("nan"),
+                    recovery=float((ids == truth).float().mean()) if ids is not None else None,
                     squared_error=float((rows - clean).pow(2).sum(1).mean()),
                     cosine=float(torch.nn.functional.cosine_similarity(rows, clean, dim=1).mean()),
                     reader_accuracy=centroid_accuracy(review_means(rows, owner, len(test_rows)), labels, centroids),
@@ -147,7 +147,9 @@ def main() -> None:
             )
         print(f"seed {seed} done at {time.time() - started:.0f} s", flush=True)
 
-    def summary(values: list[float]) -> dict[str, float]:
+    def summary(values: list[float | None]) -> dict[str, float] | None:
+        if None in values:  # the raw release has no recovered id
+            return None
         return dict(mean=statistics.fmean(values), sd=statistics.stdev(values) if len(values) > 1 else 0.0,
                     min=min(values), max=max(values))  # fmt: skip
 
@@ -175,6 +177,7 @@ def main() -> None:
         clean_reader_accuracy=ceiling,
         chance=1 / len(label_names),
         variants=table_out,
+        per_seed=per_seed,
         paired=paired,
         seconds=time.time() - started,
         command=" ".join(["python", *sys.argv]),

@@ -19,6 +19,9 @@ Cells (``cells_for``), each SmolLM2-135M-Instruct fine-tuned through Megatron-Br
 - ``projected``: training and serving on projected inputs (``NoiseConfig.projection='nearest_row'``);
 - ``denoised``: training and serving on the posterior mean of the clean embedding given the release
   (``projection='posterior_mean'``: the mechanism's own density, a uniform prior over the table; idea (d));
+- ``denoised_prior``: the same with the task's vocabulary as prior (``projection_prior``: the frequencies of the
+  training split's private-span tokens, ``data.span_token_prior``; span region only); the plain model is also
+  scored behind it (serving mode ``denoised_prior``);
 - ``kd``: noise-aware plus forward-KL distillation from the seed's ``plain`` model (model c);
 - levels: the Gaussian mechanism on clipped embeddings at per-token eps 100 / 50 / 20 (delta 1e-5) and metric-DP
   eta 100 / 50 / 30, clip norm 3; regions ``span`` (``tokens='spans'``: only the private spans, the instruction,
@@ -82,8 +85,14 @@ LEVELS: dict[str, dict[str, Any]] = {
 }
 GM_LEVELS = ("gm_eps100", "gm_eps50", "gm_eps20")
 MDP_LEVELS = ("mdp_eta100", "mdp_eta50", "mdp_eta30")
-VARIANTS = ("plain", "aware", "projected", "denoised", "kd")
-SERVING = {"aware": "none", "kd": "none", "projected": "nearest_row", "denoised": "posterior_mean"}
+VARIANTS = ("plain", "aware", "projected", "denoised", "denoised_prior", "kd")
+SERVING = {
+    "aware": "none",
+    "kd": "none",
+    "projected": "nearest_row",
+    "denoised": "posterior_mean",
+    "denoised_prior": "posterior_mean",
+}
 """The projection each trained variant is trained and served with."""
 
 
@@ -144,14 +153,16 @@ def cells_for(seeds: Sequence[int], tasks: Sequence[str] = tuple(TASKS)) -> list
 
 
 def followup_cells(seeds: Sequence[int]) -> list[Cell]:
-    """The second GPU session's cells, in the order they run: the long gist family (plain, projected, denoiser and
-    noise-aware training at eps 50 on the review); the diagnostic of the noise-aware gist failure at eps 100
-    (5x the learning rate, 3x the passes); the metric-DP trained cells at eta 30 (the metric level that hides most);
-    the whole-prompt trained cells at eps 20."""
+    """The follow-up GPU sessions' cells, in the order they run: the long gist family (plain, then training with the
+    task-vocabulary denoiser, then projected, denoiser and noise-aware training at eps 50 on the review; the plain
+    cell is scored behind both denoisers); the diagnostic of the noise-aware gist failure at eps 100 (5x the
+    learning rate, 3x the passes); the metric-DP trained cells at eta 30 (the metric level that hides most); the
+    whole-prompt trained cells at eps 20. The third session ran all but ``denoised_prior``, the plain cells' prior
+    scoring, the 5x learning rate at seeds 2 and 3, the 3x passes and the whole-prompt cells."""
     rows: list[dict[str, Any]] = [dict(task="sentiment_long", variant="plain")]
     rows += [
         dict(task="sentiment_long", variant=v, level="gm_eps50", region="span")
-        for v in ("projected", "denoised", "aware")
+        for v in ("denoised_prior", "projected", "denoised", "aware")
     ]
     rows += [dict(task="sentiment", variant="aware", level="gm_eps100", region="span", lr_scale=5.0)]
     rows += [dict(task="sentiment", variant="aware", level="gm_eps100", region="span", epochs_scale=3.0)]
@@ -162,6 +173,22 @@ def followup_cells(seeds: Sequence[int]) -> list[Cell]:
     ]
     rows += [dict(task="sentiment", variant=v, level="gm_eps20", region="prompt") for v in ("aware", "projected")]
     return [Cell(seed=seed, **row) for row in rows for seed in seeds]
+
+
+def task_prior(task: str, hf_path: str) -> str:
+    """The token-prior file of ``task``'s training spans under ``hf_path``'s tokenizer (written once per machine)."""
+    import tempfile
+
+    import transformers
+
+    from nemo_noise_plugin.data.span_token_prior import write_span_token_prior
+    from nemo_noise_plugin.data.tasks.shipped import task_files
+
+    path = Path(tempfile.gettempdir()) / "nemo_noise_task_priors" / f"{task}.json"
+    if not path.exists():
+        tokenizer = transformers.AutoTokenizer.from_pretrained(hf_path)
+        write_span_token_prior(task_files(task)["training"], tokenizer, path)
+    return str(path)
 
 
 def level_config(level: str, region: str, *, inference: bool, projection: str = "none", seed: int = 0) -> Any:
@@ -422,6 +449,10 @@ def evaluate_cell(model: Any, state: Any, cell: Cell) -> dict[str, Any]:
         }
         if cell.variant in ("plain", "denoised") and has_denoiser():
             entry["denoised"] = score(inner, test, eos, dataclasses.replace(noise, projection="posterior_mean"))
+        if cell.variant in ("plain", "denoised_prior") and region == "span" and cell.task.startswith("sentiment"):
+            prior = task_prior(cell.task, state.cfg.tokenizer.tokenizer_model)
+            informed = dataclasses.replace(noise, projection="posterior_mean", projection_prior=prior)
+            entry["denoised_prior"] = score(inner, test, eos, informed)
         beam = cell.variant == "plain"
         entry["attacks"] = attack(inner, test, noise, region, special, eos, beam=beam)
         if canaries is not None and region == "span":
@@ -459,6 +490,8 @@ def cell_config(cell: Cell, out: Path, hf_path: str) -> Any:
     else:
         noise = level_config(cell.level, cell.region, inference=False, projection=SERVING[cell.variant])
         noise = dataclasses.replace(noise, seed=cell.seed)
+        if cell.variant == "denoised_prior":
+            noise = dataclasses.replace(noise, projection_prior=task_prior(cell.task, hf_path))
     provider, hf_path = smollm2_provider(hf_path, noise, KDConfig() if cell.variant == "kd" else None)
     if cell.teacher:
         provider.teacher_checkpoint = str(out / cell.teacher / "checkpoints")

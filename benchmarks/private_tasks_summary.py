@@ -22,10 +22,12 @@ COLUMNS = (
     ("plain: raw noise", "plain", "raw"),
     ("plain + projection", "plain", "projected"),
     ("plain + denoiser", "plain", "denoised"),
+    ("plain + task-prior denoiser", "plain", "denoised_prior"),
     ("plain on SANTEXT text", "plain", "substituted"),
     ("(a) noise-aware", "aware", "raw"),
     ("(b) projected training", "projected", "projected"),
     ("(d) denoiser training", "denoised", "denoised"),
+    ("(d') task-prior denoiser training", "denoised_prior", "denoised_prior"),
     ("(c) KD", "kd", "raw"),
 )
 """(header, trained variant, serving mode) of the utility columns."""
@@ -83,7 +85,7 @@ def collect(results: list[dict[str, Any]]) -> dict[str, Any]:
             ceilings[task][seed] = result["clean"]["test"]["exact_match"]
         for key, entry in result.get("levels", {}).items():
             level, region = key.split("/")
-            for serving in ("raw", "projected", "denoised", "substituted"):
+            for serving in ("raw", "projected", "denoised", "denoised_prior", "substituted"):
                 if serving in entry:
                     table[task][(level, region)][(variant, serving)][seed] = entry[serving]["exact_match"]
             if variant == "plain":
