@@ -72,6 +72,8 @@ def type_note(value: object, wanted: str) -> str:
     """Why ``value`` is not of the ``wanted`` kind (``number``, ``integer``, ``bool``) when its type is the reason:
     a quoted YAML value, a bool, a float for an integer, a numpy/torch/Decimal/Fraction number; "" otherwise."""
     if isinstance(value, str):
+        if not _reads_as(value, wanted):
+            return ""  # plain text (alpha=abc): "expected a finite number" already says it all
         plain = "true or false" if wanted == "bool" else "the number"
         return f": {value!r} is a string (quoted?); write {plain} without quotes"
     if isinstance(value, bool) and wanted != "bool":
@@ -85,6 +87,17 @@ def type_note(value: object, wanted: str) -> str:
     if isinstance(value, int) and wanted == "number" and not is_finite_number(value):
         return ": it is larger than any float"
     return ""
+
+
+def _reads_as(text: str, wanted: str) -> bool:
+    """True when ``text`` would be a value of the ``wanted`` kind without its quotes ('5', 'false')."""
+    if wanted == "bool":
+        return text.strip().lower() in ("true", "false")
+    try:
+        (int if wanted == "integer" else float)(text)
+    except ValueError:
+        return False
+    return True
 
 
 def is_finite_number(value: object) -> bool:

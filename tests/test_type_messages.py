@@ -59,3 +59,11 @@ def test_integers_booleans_and_kd_settings_say_the_same():
 def test_a_plain_value_out_of_range_gets_no_type_note():
     with pytest.raises(SettingError, match=r"^NoiseConfig\.alpha=-1\.0 is invalid: expected a finite number >= 0\.$"):
         NoiseConfig(alpha=-1.0)
+
+
+def test_text_that_is_no_number_even_unquoted_gets_no_quoting_hint():
+    """``alpha=abc`` is not a quoted number: "write the number without quotes" would send the user the wrong way."""
+    with pytest.raises(SettingError, match=r"^NoiseConfig\.alpha='abc' is invalid: expected a finite number >= 0\.$"):
+        NoiseConfig(alpha="abc")
+    with pytest.raises(SettingError, match=r"enabled='maybe' is invalid: expected true or false\.$"):
+        NoiseConfig(enabled="maybe")

@@ -26,8 +26,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 from nemo_noise_plugin.validation import SettingError
 
@@ -50,6 +52,8 @@ class TokenPrior:
     def log_prior(self, rows: int, *, start: int = 0, device: torch.device | str | None = None) -> torch.Tensor:
         """``[rows]`` float32 log-prior of the table rows ``start .. start + rows`` (a vocabulary shard's global
         ids), normalised over the whole vocabulary; ``-inf`` for a row without a count."""
+        import torch  # here, not at the top: NoiseConfig reads prior files, and listing recipes loads no torch
+
         total = sum(self.counts.values()) if self.weighting == "frequency" else len(self.counts)
         out = torch.full((rows,), -math.inf, dtype=torch.float32)
         for token, count in self.counts.items():
