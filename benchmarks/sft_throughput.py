@@ -5,6 +5,8 @@ bf16, AdamW (betas 0.9/0.999, eps 1e-8, no weight decay, constant lr, clip 1.0) 
 
 - ``plugin_off`` / ``plugin_on``: the plugin's provider (noise disabled / NEFTune ``--alpha``, true lengths) with
   ``noise_forward_step`` in Bridge's ``setup`` + ``train`` (re-entered a few steps at a time), Megatron's local spec;
+  ``plugin_off_sdpa`` / ``plugin_on_sdpa``: the same with the local spec's core attention on PyTorch's SDPA
+  (``local_spec_settings("sdpa")``, ``model/sdpa_attention.py``);
 - ``plugin_off_again``: the A/A control, ``plugin_off`` itself measured in a second slot of every repeat;
 - ``trl_off`` / ``trl_on``: TRL's ``SFTTrainer.train()`` (``neftune_noise_alpha`` None / ``--alpha``), bf16 AMP;
 - ``plain``: a transformers model, fused torch AdamW, bf16 autocast: the floor of what the host can launch.
@@ -65,14 +67,21 @@ PRESETS = {  # seq, global batch, micro-batch, lr, repeats, steps, discard, warm
     "llama-1b": dict(seq=2048, global_batch=8, micro_batch=2, lr=3e-4, repeats=4, steps=4, discard=1, warm=2),
     "tiny": dict(seq=128, global_batch=4, micro_batch=2, lr=1e-3, repeats=1, steps=2, discard=0, warm=0),
 }
+PLUGIN_RUNNERS = (  # name, noise on, the local spec's core attention (recipes.common.CORE_ATTENTION)
+    ("plugin_off", False, "unfused"),
+    ("plugin_on", True, "unfused"),
+    ("plugin_off_sdpa", False, "sdpa"),
+    ("plugin_on_sdpa", True, "sdpa"),
+)
 BASELINE, CONTROL = "plugin_off", "plugin_off_again"
-PROFILED = ("plugin_off", "plugin_on", "plain")  # main-thread runners (TRL's loop runs in a worker thread)
+PROFILED = ("plugin_off", "plugin_on", "plugin_on_sdpa", "plain")  # main-thread runners (TRL's runs in a thread)
 
 
-def plugin_config(model: str, model_path: str, settings: dict, alpha: float | None):
+def plugin_config(model: str, model_path: str, settings: dict, alpha: float | None, attention: str = "unfused"):
     """The plugin's provider of the HF folder ``model_path`` (its weights; noise ``alpha`` or disabled) and its Bridge
     config: the SFT recipe's (instruction data) for SmolLM2, the small-GPT recipe's (mock data) for ``llama-1b``,
-    with this benchmark's schedule (constant lr, no warm-up, no evaluation, no checkpoints)."""
+    with this benchmark's schedule (constant lr, no warm-up, no evaluation, no checkpoints); ``attention``: the local
+    spec's core attention (``recipes.common.CORE_ATTENTION``)."""
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.recipes.common import bf16_settings, local_spec_settings, noisy_provider
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
@@ -83,7 +92,7 @@ def plugin_config(model: str, model_path: str, settings: dict, alpha: float | No
     auto_bridge = import_bridge("megatron.bridge").AutoBridge
     source = auto_bridge.from_hf_pretrained(model_path).to_megatron_provider(load_weights=True)
     provider = noisy_provider(source, noise)
-    for name, value in local_spec_settings().items():
+    for name, value in local_spec_settings(attention).items():
         setattr(provider, name, value)
     run_dir = tempfile.mkdtemp(prefix="sft_throughput-")
     sizes = dict(global_batch_size=settings["global_batch"], micro_batch_size=settings["micro_batch"])
@@ -149,17 +158,18 @@ def runner_builders(args, settings: dict, batches: Batches, total: int) -> dict:
     from nemo_noise_plugin.training.forward_step import noise_forward_step
 
     builders: dict = {}
-    for name, alpha in (("plugin_off", None), ("plugin_on", args.alpha)):
+    for name, alpha, attention in PLUGIN_RUNNERS:
+        alpha = args.alpha if alpha else None
         if args.device == "cuda":
 
-            def build(name=name, alpha=alpha):
-                config = plugin_config(args.model, args.model_path, settings, alpha)
+            def build(name=name, alpha=alpha, attention=attention):
+                config = plugin_config(args.model, args.model_path, settings, alpha, attention)
                 return PluginGpuRunner(name, 2 * total, lambda mode: (config.model, noise_forward_step),
                                        lambda provider: config, batches)  # fmt: skip
         else:
 
-            def build(alpha=alpha):
-                config = plugin_config(args.model, args.model_path, settings, alpha)
+            def build(alpha=alpha, attention=attention):
+                config = plugin_config(args.model, args.model_path, settings, alpha, attention)
                 return PluginCpuRunner(config, noise_forward_step, batches, settings["lr"])
 
         builders[name] = build
@@ -217,10 +227,14 @@ def main(argv: list[str] | None = None) -> dict:
     for key in ("seq", "global_batch", "micro_batch", "repeats", "steps", "discard", "warm"):
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help="default: the --model preset's")
     parser.add_argument("--lr", type=float, help="default: the --model preset's")
-    parser.add_argument("--runners", help="comma-separated subset of plugin_on,trl_off,trl_on,plain (plugin_off runs)")
+    parser.add_argument(
+        "--runners",
+        help="comma-separated subset of plugin_on, plugin_off_sdpa, plugin_on_sdpa, trl_off, trl_on, plain "
+        "(plugin_off runs)",
+    )
     parser.add_argument(
         "--profile", type=int, default=0, metavar="STEPS",
-        help="after the measurement, STEPS more steps of plugin_on, plugin_off and plain under torch.profiler "
+        help="after the measurement, STEPS more steps of PROFILED's runners under torch.profiler "
         "(<out>/profile_<runner>.txt and profile.json: host vs device time per step, kernel launches)",
     )  # fmt: skip
     args = parser.parse_args(argv)

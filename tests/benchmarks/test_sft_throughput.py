@@ -43,7 +43,7 @@ def results(tiny_llama_dir, tmp_path_factory):
 
 def test_every_runner_writes_its_json_with_two_losses_per_slot(results):
     found, out = results
-    expected = {"plugin_off", "plugin_off_again", "plugin_on", "plain"}
+    expected = {"plugin_off", "plugin_off_again", "plugin_on", "plugin_off_sdpa", "plugin_on_sdpa", "plain"}
     assert expected <= set(found)
     for name in found:
         saved = json.loads((out / f"{name}.json").read_text())
@@ -60,6 +60,14 @@ def test_plugin_and_plain_start_from_the_same_loss(results):
     assert math.isfinite(first) and first > 1.0
     assert found["plugin_off"]["losses"][0] == pytest.approx(first, rel=1e-4)
     assert found["plugin_on"]["losses"][0] != pytest.approx(first, rel=1e-6)  # NEFTune noise changes the forward
+
+
+def test_the_sdpa_runners_train_as_the_unfused_ones(results):
+    """The SDPA core attention changes how attention is computed, not what: the same losses at every step."""
+    found, _ = results
+    assert found["plugin_off_sdpa"]["losses"] == pytest.approx(found["plugin_off"]["losses"][:2], rel=1e-4)
+    assert found["plugin_on_sdpa"]["losses"] == pytest.approx(found["plugin_on"]["losses"], rel=1e-4)
+    assert found["plugin_on_sdpa"]["losses"][0] != pytest.approx(found["plugin_off_sdpa"]["losses"][0], rel=1e-6)
 
 
 def test_trl_starts_from_the_plain_loss(results):
