@@ -73,7 +73,9 @@ PLUGIN_RUNNERS = (  # name, noise on, the local spec's core attention (recipes.c
     ("plugin_off_sdpa", False, "sdpa"),
     ("plugin_on_sdpa", True, "sdpa"),
 )
-BASELINE, CONTROL = "plugin_off", "plugin_off_again"
+BASELINE = "plugin_off"
+"""The runner every ratio is taken against (``--baseline`` picks another plugin runner); measured twice per repeat,
+the second time as ``<baseline>_again``, the A/A control."""
 PROFILED = ("plugin_off", "plugin_on", "plugin_on_sdpa", "plain")  # main-thread runners (TRL's runs in a thread)
 
 
@@ -224,13 +226,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", required=True, help="folder for one JSON per runner and summary.md")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--alpha", type=float, default=5.0, help="NEFTune alpha of the noise-on runners")
+    parser.add_argument(
+        "--baseline", default=BASELINE, choices=[name for name, _, _ in PLUGIN_RUNNERS],
+        help="the plugin runner the ratios are taken against, measured twice per repeat (A/A control)",
+    )  # fmt: skip
     for key in ("seq", "global_batch", "micro_batch", "repeats", "steps", "discard", "warm"):
         parser.add_argument(f"--{key.replace('_', '-')}", type=int, help="default: the --model preset's")
     parser.add_argument("--lr", type=float, help="default: the --model preset's")
     parser.add_argument(
         "--runners",
         help="comma-separated subset of plugin_on, plugin_off_sdpa, plugin_on_sdpa, trl_off, trl_on, plain "
-        "(plugin_off runs)",
+        "(the --baseline runner always runs)",
     )
     parser.add_argument(
         "--profile", type=int, default=0, metavar="STEPS",
@@ -262,15 +268,16 @@ def main(argv: list[str] | None = None) -> dict:
     batches = Batches(rows, micro)
     runners, resident = {}, {}
     builders = runner_builders(args, settings, batches, total)
-    wanted = {BASELINE, *(args.runners.split(",") if args.runners else builders)}
+    baseline, control = args.baseline, f"{args.baseline}_again"
+    wanted = {baseline, *(args.runners.split(",") if args.runners else builders)}
     for name, build in [(name, build) for name, build in builders.items() if name in wanted]:
         before = allocated(args.device)
         runners[name] = Metered(build(), args.device)
         runners[name].steps(settings["warm"]) if settings["warm"] else None
         resident[name] = allocated(args.device) - before
         print(f"{name}: built and warmed up ({resident[name] / 2**30:.2f} GiB resident)", flush=True)
-    runners[CONTROL] = runners[BASELINE]
-    order = [BASELINE, CONTROL, *[name for name in runners if name not in (BASELINE, CONTROL)]]
+    runners[control] = runners[baseline]
+    order = [baseline, control, *[name for name in runners if name not in (baseline, control)]]
     measured = measure_interleaved(
         {name: runners[name].steps for name in order}, settings["repeats"], settings["steps"], settings["discard"]
     )
@@ -289,14 +296,15 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
     """Write ``<out>/<runner>.json`` and ``<out>/summary.md``; print the table; returns the per-runner results."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = len(runners["plain"].runner.losses)
+    baseline, control = args.baseline, f"{args.baseline}_again"
+    steps = len(runners[baseline].runner.losses) // 2  # its own slots and the A/A control's
     counts = [batches.tokens(index) for index in range(steps)]
     all_tokens = statistics.mean(c[0] for c in counts)
     answer_tokens = statistics.mean(c[1] for c in counts)
     results = {}
     for name, runner in runners.items():
         step_ms = median_ms(measured[name])
-        owner = BASELINE if name == CONTROL else name
+        owner = baseline if name == control else name
         peak = resident[owner] + max(runners[owner].slot_peaks, default=0) if args.device == "cuda" else None
         results[name] = {
             "runner": name,
@@ -305,7 +313,8 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
             "median_step_ms": step_ms,
             "tokens_per_s": all_tokens / (step_ms / 1000),
             "answer_tokens_per_s": answer_tokens / (step_ms / 1000),
-            "vs_plugin_off": ratio_summary(measured[name], measured[BASELINE]),
+            "baseline": baseline,
+            "vs_plugin_off": ratio_summary(measured[name], measured[baseline]),
             "peak_memory_gib": peak / 2**30 if peak is not None else None,
             "losses": list(runner.runner.losses),
             "tokens_per_step": [c[0] for c in counts],
@@ -327,7 +336,7 @@ def summary_table(args, settings, all_tokens: float, answer_tokens: float, resul
         f"{settings['repeats']} interleaved repeats x "
         f"{settings['steps']} steps (first {settings['discard']} dropped), NEFTune alpha {args.alpha}",
         "",
-        "| runner | step (ms) | tokens/s | answer tokens/s | vs plugin_off | peak GiB | loss first -> last 3 |",
+        f"| runner | step (ms) | tokens/s | answer tokens/s | vs {args.baseline} | peak GiB | loss first -> last 3 |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, entry in results.items():

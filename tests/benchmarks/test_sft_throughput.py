@@ -97,3 +97,16 @@ def test_the_llama_path_starts_plugin_and_plain_from_the_same_random_weights(tin
         assert summary["kernel_launches_per_step"] == 0  # no CUDA on the CPU
         assert "top operators by host time" in (tmp_path / f"profile_{name}.txt").read_text()
     assert len(json.loads((tmp_path / "plain.json").read_text())["losses"]) == 2  # written before the profile
+
+
+def test_another_baseline_takes_the_ratios_and_the_aa_control_without_the_plain_runner(tiny_llama_dir, tmp_path):
+    """``--baseline plugin_off_sdpa``: the ratios against it, its second slot the A/A control, no plain runner needed
+    (what fits two 1B-sized runners on one 80 GB card)."""
+    arguments = ["--model", "tiny", "--hf-path", str(tiny_llama_dir), "--device", "cpu", "--out", str(tmp_path)]
+    arguments += ["--global-batch", "2", "--micro-batch", "2", "--steps", "2", "--repeats", "1", "--discard", "0"]
+    found = sft_throughput.main([*arguments, "--baseline", "plugin_off_sdpa", "--runners", "plugin_on_sdpa"])
+    assert set(found) == {"plugin_off_sdpa", "plugin_off_sdpa_again", "plugin_on_sdpa"}
+    assert found["plugin_on_sdpa"]["baseline"] == "plugin_off_sdpa"
+    assert found["plugin_off_sdpa"]["tokens_per_step"] == found["plugin_on_sdpa"]["tokens_per_step"]
+    assert len(found["plugin_on_sdpa"]["tokens_per_step"]) == 2
+    assert "| vs plugin_off_sdpa |" in (tmp_path / "summary.md").read_text()
