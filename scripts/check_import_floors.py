@@ -69,6 +69,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     (LIBRARY, "forward steps, overrides", ("training",)),
     (LIBRARY, "recipes", ("recipes",)),
     (LIBRARY, "task data", ("data.tasks",)),
+    (LIBRARY, "provider conversion", ("providers.conversion",)),
     (LIBRARY, "providers, data", ("providers", "data")),
     (
         LIBRARY,

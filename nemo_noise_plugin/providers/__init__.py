@@ -17,16 +17,15 @@ and ``DistillationProviderMixin`` (``kd``, the teacher); ``providers.hybrid`` pu
 ``HybridModelProvider`` (``NoisyHybridModelProvider``, ``NoisyHybridDistillationProvider``, also importable from
 here).
 
-``noisy_provider_from`` turns a provider Bridge already made (``AutoBridge.to_megatron_provider()``) into one of the
-plugin's providers, keeping every field and the registered pre-/post-wrap hooks (HF weight loading is a pre-wrap
-hook). Importing this module also adds ``nemo_noise_plugin.`` to Bridge's ``_target_`` allowlist, so run configs
-(``ConfigContainer.to_yaml`` / ``from_yaml``, a checkpoint's ``run_config.yaml``) can name the plugin's classes.
+``noisy_provider_from`` (``providers.conversion``, also importable from here) turns a provider Bridge already made
+(``AutoBridge.to_megatron_provider()``, GPT or hybrid) into one of the plugin's providers, keeping every field and the
+registered pre-/post-wrap hooks (HF weight loading is a pre-wrap hook). Importing this module also adds
+``nemo_noise_plugin.`` to Bridge's ``_target_`` allowlist, so run configs (``ConfigContainer.to_yaml`` /
+``from_yaml``, a checkpoint's ``run_config.yaml``) can name the plugin's classes.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,16 +64,22 @@ __all__ = [
     "noisy_provider_from",
 ]
 
-_HYBRID_NAMES = ("NoisyHybridDistillationProvider", "NoisyHybridModelProvider")
-"""Names of ``providers.hybrid`` that this package also answers to (loaded on first access)."""
+_LAZY_NAMES = {
+    "NoisyHybridDistillationProvider": "hybrid",
+    "NoisyHybridModelProvider": "hybrid",
+    "UnsupportedProviderError": "conversion",
+    "noisy_provider_from": "conversion",
+}
+"""Names of ``providers.hybrid`` and ``providers.conversion`` that this package also answers to (loaded on first
+access: both modules build on this one)."""
 
 
 def __getattr__(name: str) -> Any:
-    """``NoisyHybridModelProvider`` and ``NoisyHybridDistillationProvider`` from ``providers.hybrid``."""
-    if name in _HYBRID_NAMES:
+    """The hybrid providers from ``providers.hybrid``; ``noisy_provider_from`` from ``providers.conversion``."""
+    if name in _LAZY_NAMES:
         import importlib
 
-        return getattr(importlib.import_module("nemo_noise_plugin.providers.hybrid"), name)
+        return getattr(importlib.import_module(f"nemo_noise_plugin.providers.{_LAZY_NAMES[name]}"), name)
     raise AttributeError(f"module 'nemo_noise_plugin.providers' has no attribute {name!r}")
 
 
@@ -270,124 +275,3 @@ class NoisyDistillationProvider(DistillationProviderMixin, NoisyGPTModelProvider
 DISTILLATION_PROVIDERS: tuple[type, ...] = (DistillationProviderMixin,)
 """What a distillation provider is an instance of (GPT and hybrid alike): the launcher and the override checks
 pick the distillation forward step and re-check the KD constraints for these."""
-
-
-class UnsupportedProviderError(TypeError):
-    """Raised by ``noisy_provider_from`` for a provider class whose model or settings the conversion would lose."""
-
-
-# Class attributes that every dataclass or ABC has (generated or bookkeeping); they change no behaviour.
-_BOOKKEEPING_ATTRIBUTES = frozenset(
-    {
-        "__module__",
-        "__qualname__",
-        "__doc__",
-        "__dict__",
-        "__weakref__",
-        "__annotations__",
-        "__annotate_func__",
-        "__annotations_cache__",
-        "__firstlineno__",
-        "__static_attributes__",
-        "__orig_bases__",
-        "__parameters__",
-        "__abstractmethods__",
-        "_abc_impl",
-        "__dataclass_fields__",
-        "__dataclass_params__",
-        "__match_args__",
-        "__init__",
-        "__repr__",
-        "__eq__",
-        "__hash__",
-    }
-)
-
-
-def noisy_provider_from(
-    provider: GPTModelProvider, noise: NoiseConfig | None = None, kd: KDConfig | None = None
-) -> NoisyGPTModelProvider:
-    """Convert a Bridge GPT provider into a ``NoisyGPTModelProvider`` (a ``NoisyDistillationProvider`` with ``kd``).
-
-    The new provider carries every dataclass field value of ``provider`` (by reference, as ``dataclasses.replace``
-    does) and its instance state outside the fields: the registered pre-/post-wrap hooks (copied into new lists, so
-    hooks registered later on either provider stay their own; AutoBridge's HF weight loading is one of them) and
-    any other attribute Bridge set on it. ``provider`` itself is left unchanged.
-
-    ``noise``/``kd`` default to the source's own settings when it is already a plugin provider (deep-copied), else to
-    ``NoiseConfig()``; a source ``NoisyDistillationProvider`` stays one. Finalize the result as any provider
-    (``ConfigContainer.validate`` does it).
-
-    Only ``GPTModelProvider`` itself (and subclasses that merely change field defaults, e.g. Bridge's Mistral and
-    OLMoE providers) converts: a subclass that adds fields or methods (``provide``: Gemma, the VL/omni/audio models;
-    ``finalize``/``__post_init__``: MLA/DeepSeek, Sarvam, MiniMax-M3; extra fields: Gemma 2/3/4, Step-3.5, ...)
-    builds a different model than ``GPTModelProvider.provide``, so it raises ``UnsupportedProviderError`` naming
-    the class and what would be lost, instead of silently training another architecture.
-
-    Args:
-        provider: a Bridge ``GPTModelProvider``, e.g. ``AutoBridge.from_hf_pretrained(path).to_megatron_provider()``.
-        noise: the noise settings; None keeps a plugin provider's own, else ``NoiseConfig()``.
-        kd: distillation settings; given, the result is a ``NoisyDistillationProvider`` (noisy student, clean teacher).
-
-    Returns:
-        A new, unfinalized plugin provider; use it as ``config.model``.
-
-    Example::
-
-        provider = AutoBridge.from_hf_pretrained("/models/smollm2").to_megatron_provider(load_weights=True)
-        config.model = noisy_provider_from(provider, noise=load_noise_config("neftune_alpha5"), kd=KDConfig())
-    """
-    if not isinstance(provider, GPTModelProvider):
-        raise UnsupportedProviderError(
-            f"noisy_provider_from expects a megatron.bridge GPTModelProvider, got {_class_path(type(provider))}."
-        )
-    target: type[NoisyGPTModelProvider] = (
-        NoisyDistillationProvider
-        if kd is not None or isinstance(provider, NoisyDistillationProvider)
-        else NoisyGPTModelProvider
-    )
-    _check_convertible(type(provider), target)
-
-    source_fields = {f.name: f for f in dataclasses.fields(provider)}
-    values = {name: getattr(provider, name) for name, f in source_fields.items() if f.init}
-    values["noise"] = noise if noise is not None else copy.deepcopy(getattr(provider, "noise", None) or NoiseConfig())
-    if target is NoisyDistillationProvider:
-        values["kd"] = kd if kd is not None else copy.deepcopy(getattr(provider, "kd", None) or KDConfig())
-    converted = target(**values)
-    for name, f in source_fields.items():
-        if not f.init:
-            object.__setattr__(converted, name, getattr(provider, name))
-    for name, value in vars(provider).items():
-        if name not in source_fields:
-            setattr(converted, name, list(value) if isinstance(value, list) else value)
-    return converted
-
-
-def _check_convertible(source: type, target: type) -> None:
-    """Raise ``UnsupportedProviderError`` when ``source`` adds fields or behaviour that ``target`` would lose."""
-    source_fields = {f.name for f in dataclasses.fields(source)}
-    extra_fields = sorted(source_fields - {f.name for f in dataclasses.fields(target)})
-    members: list[str] = []
-    for klass in source.__mro__:
-        if klass in target.__mro__:
-            continue
-        for name in vars(klass):
-            if name not in source_fields and name not in _BOOKKEEPING_ATTRIBUTES and name not in members:
-                members.append(name)
-    if not extra_fields and not members:
-        return
-    lost = []
-    if members:
-        lost.append(f"its own {', '.join(sorted(members))}")
-    if extra_fields:
-        lost.append(f"fields {', '.join(extra_fields)}")
-    raise UnsupportedProviderError(
-        f"noisy_provider_from cannot convert {_class_path(source)}: {target.__name__} builds the model with "
-        f"GPTModelProvider.provide/finalize and would drop {' and '.join(lost)}, silently changing the model. "
-        "Only GPTModelProvider (what AutoBridge returns for Llama, Qwen, Mistral and other plain GPT "
-        "architectures) and subclasses that only change field defaults can be converted."
-    )
-
-
-def _class_path(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"

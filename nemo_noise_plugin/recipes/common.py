@@ -96,7 +96,7 @@ def noisy_provider(source: Any, noise: NoiseConfig | None = None, kd: KDConfig |
     """``source`` (an AutoBridge or Bridge-recipe provider) as the plugin's provider, hooks kept
     (``providers.noisy_provider_from``): noisy with ``default_noise(noise)``; a noisy student of its clean copy when
     ``kd`` is given."""
-    from nemo_noise_plugin.providers import noisy_provider_from
+    from nemo_noise_plugin.providers.conversion import noisy_provider_from
 
     return noisy_provider_from(source, default_noise(noise), kd)
 

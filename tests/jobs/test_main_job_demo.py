@@ -13,10 +13,15 @@ from nemo_noise_plugin.jobs.reports.robustness import HELD_OUT_BATCHES
 from nemo_noise_plugin.jobs.reports.robustness_statistics import paired_difference
 
 
-def _run_demo(*args: str, cwd=None) -> subprocess.CompletedProcess:
+def _run_demo(*args: str, cwd=None, env=None) -> subprocess.CompletedProcess:
     # `--steps 6` with its control: 240 s of CPU measured 2026-12-03 (887 s wall at load 38 on 2 cores)
     return subprocess.run(
-        [sys.executable, "-m", "nemo_noise_plugin", *args], capture_output=True, text=True, timeout=1800, cwd=cwd
+        [sys.executable, "-m", "nemo_noise_plugin", *args],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=cwd,
+        env=env,
     )
 
 
@@ -113,6 +118,39 @@ def test_the_distillation_recipe_distils_from_a_clean_pretrained_teacher(tmp_pat
     # model, so the KD loss is only the shift that the noise causes: small, not the gap to a random teacher.
     assert float(distillation[0][1]) < float(pretraining[0][1]) - 1.0
     assert all(0 < float(row[2]) < 0.5 for row in distillation)
+
+
+@pytest.mark.slow
+def test_main_job_trains_the_hybrid_recipe_and_writes_its_robustness_report(tmp_path):
+    """``--recipe tiny_hybrid_noise_sft``: Megatron-Core's HybridModel (issue 35) through the main job, without the
+    control run (the control and the verdicts are the GPT test's; the code after training is the same)."""
+    from tests.support.training_processes import training_env
+
+    recipe = "tiny_hybrid_noise_sft"
+    result = _run_demo(
+        "--recipe", recipe, "--steps", "3", "--no-control", "--output-dir", str(tmp_path), env=training_env()
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert f"recipe {recipe} on the embedded corpus" in out and "-- control:" not in out
+    assert "CPU loop (Bridge's training loop needs CUDA)" in out
+    assert re.search(r"^model: [\d.]+M parameters \(NoisyHybridModel\)", out, re.MULTILINE), out
+    rows = [row for row in _rows(out) if len(row) == 4]
+    assert [int(row[0]) for row in rows] == [1, 2, 3]
+    assert all(row[2] == "-" for row in rows)  # no KD loss: the SFT recipe
+    assert float(rows[-1][1]) < float(rows[0][1]) - 0.5  # it learns the corpus
+    report = json.loads((tmp_path / recipe / "reports" / "latest" / "robustness.json").read_text())
+    assert list(report) == ["provenance", "before", "after"]
+    model = report["provenance"]["config"]["model"]
+    assert report["provenance"]["recipe"] == recipe
+    assert model["_target_"] == "nemo_noise_plugin.providers.hybrid.NoisyHybridModelProvider"
+    assert model["hybrid_layer_pattern"] == "*-*-*-*-" and model["noise"]["alpha"] == 10.0
+    before, after = report["before"], report["after"]
+    assert [point["scale"] for point in before] == [point["scale"] for point in after] == [0, 2.5, 5, 10, 20, 40]
+    assert before[0]["kl"] == after[0]["kl"] == 0.0
+    assert after[-1]["kl"] > after[1]["kl"] > 0  # more noise, more shift, for the trained hybrid model too
+    assert after[0]["loss"] < before[0]["loss"] - 1.0
+    assert (tmp_path / recipe / "reports" / "latest" / "robustness.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_main_job_rejects_bad_noise_settings_with_the_field_name():
