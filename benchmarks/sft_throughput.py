@@ -316,6 +316,7 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
             "baseline": baseline,
             "vs_plugin_off": ratio_summary(measured[name], measured[baseline]),
             "peak_memory_gib": peak / 2**30 if peak is not None else None,
+            "core_attention": core_attention_of(runner.runner),
             "losses": list(runner.runner.losses),
             "tokens_per_step": [c[0] for c in counts],
             "answer_tokens_per_step": [c[1] for c in counts],
@@ -326,6 +327,15 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
     (out / "summary.md").write_text(table + "\n")
     print(table, flush=True)
     return results
+
+
+def core_attention_of(runner) -> list[str]:
+    """The classes of the attention modules a plugin runner's model really holds (what was built, not what was
+    asked for: Bridge's ``provide`` resets a local spec's core attention); [] for the HF runners."""
+    model = getattr(runner, "model", None) or getattr(getattr(runner, "run", None), "model", None)
+    chunks = model if isinstance(model, list) else [model] if model is not None else []
+    names = {type(m).__name__ for chunk in chunks for m in chunk.modules() if type(m).__name__.endswith("Attention")}
+    return sorted(name for name in names if "DotProduct" in name)
 
 
 def summary_table(args, settings, all_tokens: float, answer_tokens: float, results: dict) -> str:

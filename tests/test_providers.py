@@ -64,3 +64,43 @@ def test_a_noise_field_that_is_not_a_noise_config_is_rejected_before_building(pr
     provider.noise = {"alpha": 5}
     with pytest.raises(TypeError, match="NoisyGPTModelProvider.noise must be a NoiseConfig, got dict"):
         provider.provide()
+
+
+def test_core_attention_sdpa_reaches_every_layer_although_bridge_resets_local_specs(providers):
+    """Bridge's ``provide`` puts ``DotProductAttention`` back into a local spec (``attention_backend=local``): the
+    provider's ``core_attention='sdpa'`` turns it into ``SDPADotProductAttention`` after the build, student and clean
+    teacher alike, and leaves the weights as they were."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnBackend
+
+    from nemo_noise_plugin.distillation.config import KDConfig
+    from nemo_noise_plugin.distillation.teacher_weights import attached_teacher
+    from nemo_noise_plugin.model.sdpa_attention import SDPADotProductAttention
+
+    def core_attentions(model):
+        return [type(m) for m in model.modules() if isinstance(m, DotProductAttention)]
+
+    local = dict(attention_backend=AttnBackend.local)
+    torch.manual_seed(3)
+    unfused = _cpu_provider(providers.NoisyGPTModelProvider, **local).provide()
+    torch.manual_seed(3)
+    sdpa = _cpu_provider(providers.NoisyGPTModelProvider, core_attention="sdpa", **local).provide()
+    assert core_attentions(unfused) == [DotProductAttention] * 2
+    assert core_attentions(sdpa) == [SDPADotProductAttention] * 2
+    pairs = zip(unfused.state_dict().values(), sdpa.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs if isinstance(a, torch.Tensor))  # (extra states are None)
+    distillation = providers.NoisyDistillationProvider
+    (student,) = _cpu_provider(distillation, core_attention="sdpa", kd=KDConfig(), **local).provide_distributed_model(
+        use_cpu_initialization=True, wrap_with_ddp=False, mixed_precision_wrapper=None
+    )  # the teacher is copied from the built student here
+
+    assert core_attentions(student) == [SDPADotProductAttention] * 2
+    assert core_attentions(attached_teacher(student)) == [SDPADotProductAttention] * 2
+
+
+def test_an_unknown_core_attention_is_refused_at_finalize(providers):
+    from nemo_noise_plugin.validation import SettingError
+
+    message = r"NoisyGPTModelProvider\.core_attention='flash' is invalid: expected one of unfused, sdpa"
+    with pytest.raises(SettingError, match=message):
+        _cpu_provider(providers.NoisyGPTModelProvider, core_attention="flash")

@@ -15,8 +15,10 @@ given) and grouped-query attention without repeating the keys (``enable_gqa``). 
 supports and this does not is refused when the module is built, as a ``SettingError``: sliding-window attention and
 softmax variants other than ``vanilla``; packed sequences and attention bias are refused by both, at the call.
 
-``sdpa_layer_spec`` is Bridge's ``local_layer_spec`` with this core attention: a provider's
-``transformer_layer_spec``.
+Two ways in: ``use_sdpa_attention(model)`` turns every ``DotProductAttention`` of a built model into this class in
+place (what the plugin's providers do for ``core_attention="sdpa"``: Bridge's ``provide`` puts
+``DotProductAttention`` back into any spec when ``attention_backend`` is ``local``, so a spec alone does not reach
+the model there), and ``sdpa_layer_spec`` for a ``GPTModel`` built directly.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ from megatron.core.transformer.utils import is_layer_window_attention
 
 from nemo_noise_plugin.validation import SettingError
 
-__all__ = ["MASKED_SCORE", "SDPADotProductAttention", "sdpa_layer_spec"]
+__all__ = ["CORE_ATTENTION", "MASKED_SCORE", "SDPADotProductAttention", "sdpa_layer_spec", "use_sdpa_attention"]
+
+CORE_ATTENTION = ("unfused", "sdpa")
+"""The plugin providers' ``core_attention`` choices: Megatron-Core's ``DotProductAttention`` as built (``unfused``) or
+turned into ``SDPADotProductAttention`` (``sdpa``). Transformer Engine attention is never touched."""
 
 MASKED_SCORE = -10000.0
 """The score a masked position gets: Megatron's ``attention_mask_func`` fills masked scores with this value."""
@@ -44,15 +50,27 @@ class SDPADotProductAttention(DotProductAttention):
 
     def __init__(self, config: Any, layer_number: int, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, layer_number, *args, **kwargs)
-        if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
+        self._check_and_scale()
+
+    @classmethod
+    def convert(cls, module: DotProductAttention) -> SDPADotProductAttention:
+        """``module`` (a built ``DotProductAttention``) as this class, in place: no parameters or buffers change."""
+        module.__class__ = cls
+        module._check_and_scale()
+        return module
+
+    def _check_and_scale(self) -> None:
+        """Refuse what SDPA cannot compute (``SettingError``) and set ``sdpa_scale``, the scale of the scores."""
+        config = self.config
+        if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, self.layer_number):
             raise SettingError(
                 "window_size", config.window_size, "None", why=": sliding-window attention needs the local spec's "
-                "unfused attention (transformer_layer_spec=local_layer_spec) or Transformer Engine",
+                "unfused attention (core_attention='unfused') or Transformer Engine",
             )  # fmt: skip
         if config.softmax_type != "vanilla":
             raise SettingError(
                 "softmax_type", config.softmax_type, "vanilla",
-                why=": SDPA has no softmax offset; use the local spec's unfused attention",
+                why=": SDPA has no softmax offset; use the unfused attention (core_attention='unfused')",
             )  # fmt: skip
         scale = self.softmax_scale
         if config.apply_query_key_layer_scaling:  # DotProductAttention divides by it, its softmax multiplies back
@@ -73,7 +91,7 @@ class SDPADotProductAttention(DotProductAttention):
         ``[sq, b, heads * d]``."""
         if packed_seq_params is not None or attention_bias is not None:
             raise SettingError(
-                "transformer_layer_spec", "sdpa_layer_spec", "a spec with Transformer Engine attention",
+                "core_attention", "sdpa", "Transformer Engine attention",
                 why=": packed sequences and attention bias need TEDotProductAttention (as for the local spec)",
             )  # fmt: skip
         sq, batch, heads, _ = query.shape
@@ -108,3 +126,17 @@ def sdpa_layer_spec(config: Any) -> Any:
     spec = import_bridge("megatron.bridge.models.gpt_provider").local_layer_spec(config)
     spec.submodules.self_attention.submodules.core_attention = SDPADotProductAttention
     return spec
+
+
+def use_sdpa_attention(model: torch.nn.Module) -> int:
+    """Turn every ``DotProductAttention`` inside ``model`` (any wrapper, any layer kind) into an
+    ``SDPADotProductAttention`` in place; returns how many. ``SettingError`` for a layer SDPA cannot compute.
+    Example::
+
+        model = provider.provide()
+        use_sdpa_attention(model)
+    """
+    found = [module for module in model.modules() if type(module) is DotProductAttention]
+    for module in found:
+        SDPADotProductAttention.convert(module)
+    return len(found)

@@ -38,11 +38,12 @@ from nemo_noise_plugin.distillation.pipeline_teacher import attach_teacher_pipe,
 from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.distillation.teacher_weights import attach_teacher, check_teacher_checkpoint
 from nemo_noise_plugin.model.make_noisy import make_noisy
+from nemo_noise_plugin.model.sdpa_attention import CORE_ATTENTION, use_sdpa_attention
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.schedule_plan.builder import use_plugin_schedule_plan
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.utils import should_attach_noise
-from nemo_noise_plugin.validation import SettingError
+from nemo_noise_plugin.validation import SettingError, check_choice
 
 GPTModelProvider = import_bridge("megatron.bridge.models.gpt_provider").GPTModelProvider
 
@@ -96,6 +97,10 @@ class NoiseProviderMixin:
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     """Embedding-noise settings; validated when set."""
 
+    core_attention: str = "unfused"
+    """Megatron-Core's local ``DotProductAttention`` as built (``unfused``) or on PyTorch's fused SDPA kernels
+    (``sdpa``, ``model.sdpa_attention``: the same parameters and checkpoints); Transformer Engine attention is kept."""
+
     @property
     def provider_name(self) -> str:
         """The class name the error messages start with (``NoisyGPTModelProvider``)."""
@@ -116,6 +121,7 @@ class NoiseProviderMixin:
         trusts what passed it. An enabled noise of magnitude 0 (``alpha=0``) is allowed, with a one-line warning.
         """
         self.validate_noise()
+        check_choice(f"{self.provider_name}.core_attention", self.core_attention, CORE_ATTENTION)
         silent = self.noise.silent_field
         if silent is not None:
             warnings.warn(
@@ -137,6 +143,8 @@ class NoiseProviderMixin:
         """
         noise = _noise_config_of(self)  # a NoiseConfig still (a type check, not the fields again)
         model = super().provide(pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
+        if self.core_attention == "sdpa":  # after Bridge's provide, which puts DotProductAttention back in local specs
+            use_sdpa_attention(model)
         if should_attach_noise(vp_stage):
             make_noisy(model, noise, checked=True)
         else:  # no noise here, but the plugin's schedule-plan nodes all the same (see PluginSchedulePlanMixin)

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from nemo_noise_plugin.distillation.config import KDConfig
 
 __all__ = [
-    "CORE_ATTENTION",
     "CUDA_FREE_SETTINGS",
     "DEFAULT_NOISE_ALPHA",
     "bf16_settings",
@@ -51,26 +50,26 @@ CUDA_FREE_SETTINGS: dict = dict(
 """Transformer settings without CUDA-only fusions and without dropout (deterministic; runs on a CPU too)."""
 
 
-CORE_ATTENTION = ("unfused", "sdpa")
-"""The local spec's core attention: Megatron-Core's ``DotProductAttention`` (``unfused``) or
-``model.sdpa_attention.SDPADotProductAttention`` (``sdpa``: PyTorch's fused kernels, the same parameters)."""
-
-
 def local_spec_settings(attention: str = "unfused") -> dict:
     """Provider settings for Megatron-Core's local layer spec: no Transformer Engine, ``CUDA_FREE_SETTINGS``.
 
     What the tiny and SmolLM2 recipes, the benchmarks and the CPU tests use, so they run wherever megatron-core does.
-    ``attention`` (``CORE_ATTENTION``): ``sdpa`` swaps the spec's unfused core attention for PyTorch's
-    ``scaled_dot_product_attention`` (flash attention on a GPU), with the same weights and checkpoints.
+    ``attention`` is the plugin provider's ``core_attention`` (``model.sdpa_attention.CORE_ATTENTION``): ``sdpa``
+    runs the local spec's attention on PyTorch's fused kernels (flash attention on a GPU), with the same weights;
+    the default leaves the field out, so the settings also fit Bridge's own providers.
     """
     from megatron.core.transformer.enums import AttnBackend
 
+    from nemo_noise_plugin.model.sdpa_attention import CORE_ATTENTION
+
     check_choice("attention", attention, CORE_ATTENTION)
-    if attention == "sdpa":
-        from nemo_noise_plugin.model.sdpa_attention import sdpa_layer_spec as layer_spec
-    else:
-        layer_spec = import_bridge("megatron.bridge.models.gpt_provider").local_layer_spec
-    return dict(transformer_layer_spec=layer_spec, attention_backend=AttnBackend.local, **CUDA_FREE_SETTINGS)
+    gpt_provider = import_bridge("megatron.bridge.models.gpt_provider")
+    return dict(
+        transformer_layer_spec=gpt_provider.local_layer_spec,
+        attention_backend=AttnBackend.local,
+        **({"core_attention": attention} if attention != "unfused" else {}),
+        **CUDA_FREE_SETTINGS,
+    )
 
 
 def bf16_settings() -> dict:

@@ -136,3 +136,30 @@ def test_packed_sequences_are_refused_naming_the_spec():
     _, sdpa, config = _pair()
     with pytest.raises(SettingError, match="packed sequences and attention bias need TEDotProductAttention"):
         sdpa(*_qkv(config), None, packed_seq_params=object())
+
+
+def test_use_sdpa_attention_converts_a_built_model_in_place_with_the_same_logits():
+    from nemo_noise_plugin.model.sdpa_attention import use_sdpa_attention
+
+    torch.manual_seed(5)
+    model = build_tiny_gpt(tiny_gpt_config())
+    tokens = torch.randint(0, 256, (2, 32))
+    positions = torch.arange(32).expand(2, -1)
+    with torch.no_grad():
+        before = model(tokens, positions, causal_attention_mask(32))
+    keys = list(model.state_dict())
+    assert use_sdpa_attention(model) == 2
+    assert [type(m) for m in model.modules() if isinstance(m, DotProductAttention)] == [SDPADotProductAttention] * 2
+    assert list(model.state_dict()) == keys
+    with torch.no_grad():
+        after = model(tokens, positions, None)
+    torch.testing.assert_close(after, before, rtol=1e-4, atol=1e-4)
+    assert use_sdpa_attention(model) == 0  # already converted
+
+
+def test_converting_a_sliding_window_layer_is_refused():
+    from nemo_noise_plugin.model.sdpa_attention import use_sdpa_attention
+
+    model = build_tiny_gpt(tiny_gpt_config(window_size=(8, 0)))
+    with pytest.raises(SettingError, match=r"^window_size=\(8, 0\) is invalid: expected None"):
+        use_sdpa_attention(model)
