@@ -108,9 +108,11 @@ def validate_plugin_settings(config: Any) -> None:
     """Check the run settings of a ``ConfigContainer`` that Bridge leaves to training time; raise
     ``ConfigOverrideError`` naming the key.
 
-    Refuses a run that would train nothing (``train.train_iters`` < 1) or a learning rate that is not a finite
-    number > 0. Call it before any model is built (``jobs.launch.launcher.launch`` does). The noise and KD settings
-    are not checked here: their gates are construction and the provider's ``finalize`` (docs/bridge_config.md).
+    Refuses a run that would train nothing (``train.train_iters`` < 1), a learning rate that is not a finite
+    number > 0, and a plugin provider's ``core_attention`` outside ``CORE_ATTENTION`` (also refused at ``finalize``;
+    here so that a dry run says it). Call it before any model is built (``jobs.launch.launcher.launch`` does). The
+    noise and KD settings are not checked here: their gates are construction and the provider's ``finalize``
+    (docs/bridge_config.md).
     """
     train_iters = getattr(getattr(config, "train", None), "train_iters", None)
     counts = isinstance(train_iters, int) and not isinstance(train_iters, bool)
@@ -121,6 +123,14 @@ def validate_plugin_settings(config: Any) -> None:
     lr = getattr(getattr(config, "optimizer", None), "lr", None)
     if lr is not None and not (is_finite_number(lr) and lr > 0):
         raise ConfigOverrideError(f"optimizer.lr={lr!r} is invalid: expected a finite number > 0.")
+    attention = getattr(getattr(config, "model", None), "core_attention", None)
+    if attention is not None:
+        from nemo_noise_plugin.model.sdpa_attention import CORE_ATTENTION
+
+        if attention not in CORE_ATTENTION:
+            raise ConfigOverrideError(
+                f"model.core_attention={attention!r} is invalid: expected one of {', '.join(CORE_ATTENTION)}."
+            )
 
 
 def _config_file_values(config: Any, path: str | os.PathLike[str]) -> dict:

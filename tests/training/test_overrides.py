@@ -157,3 +157,17 @@ def test_an_override_equal_to_the_value_but_of_another_type_is_checked(io, disti
     _rejects(io, distillation, ["model.noise.enabled=1"], "model.noise.enabled=1 is invalid: expected true or false")
     _rejects(io, distillation, ["model.kd.enabled=1"], "model.kd.enabled=1 is invalid: expected true or false")
     assert distillation.model.noise.enabled is True and distillation.model.kd.enabled is True
+
+
+def test_core_attention_is_taken_from_an_override_and_a_wrong_one_is_refused_before_any_model(io, sft):
+    from nemo_noise_plugin.training.overrides import validate_plugin_settings
+
+    config = io["config_io"].apply_overrides(sft, ["model.core_attention=sdpa"]) or sft
+    validate_plugin_settings(config)
+    assert config.model.core_attention == "sdpa"
+    config.model.core_attention = "flash"
+    with pytest.raises(
+        io["config_io"].ConfigOverrideError,
+        match=r"^model\.core_attention='flash' is invalid: expected one of unfused, sdpa\.$",
+    ):
+        validate_plugin_settings(config)
