@@ -69,7 +69,7 @@ def test_the_hybrid_providers_are_bridge_hybrid_providers_with_the_plugin_fields
     assert issubclass(hybrid.NoisyHybridDistillationProvider, hybrid.NoisyHybridModelProvider)
     names = [f.name for f in dataclasses.fields(hybrid.NoisyHybridDistillationProvider)]
     assert {"noise", "kd", "teacher_checkpoint", "hybrid_layer_pattern", "mamba_num_groups"} <= set(names)
-    assert names[-4:] == ["noise", "kd", "teacher_shares_frozen_modules", "teacher_checkpoint"]
+    assert names[-5:] == ["noise", "core_attention", "kd", "teacher_shares_frozen_modules", "teacher_checkpoint"]
 
 
 def test_provide_builds_a_noisy_hybrid_model_with_the_noise_set_after_construction(hybrid):
