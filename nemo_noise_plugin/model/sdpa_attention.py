@@ -49,20 +49,23 @@ class SDPADotProductAttention(DotProductAttention):
     ``[sq, b, heads * head dim]``, same parameters)."""
 
     def __init__(self, config: Any, layer_number: int, *args: Any, **kwargs: Any) -> None:
+        self.check_computable(config, max(1, layer_number))
         super().__init__(config, layer_number, *args, **kwargs)
-        self._check_and_scale()
+        self.sdpa_scale = self._scores_scale()
 
     @classmethod
     def convert(cls, module: DotProductAttention) -> SDPADotProductAttention:
-        """``module`` (a built ``DotProductAttention``) as this class, in place: no parameters or buffers change."""
+        """``module`` (a built ``DotProductAttention``) as this class, in place: no parameters or buffers change;
+        checked before anything changes."""
+        cls.check_computable(module.config, module.layer_number)
         module.__class__ = cls
-        module._check_and_scale()
+        module.sdpa_scale = module._scores_scale()
         return module
 
-    def _check_and_scale(self) -> None:
-        """Refuse what SDPA cannot compute (``SettingError``) and set ``sdpa_scale``, the scale of the scores."""
-        config = self.config
-        if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, self.layer_number):
+    @staticmethod
+    def check_computable(config: Any, layer_number: int) -> None:
+        """``SettingError`` for a layer whose attention SDPA cannot compute (sliding window, softmax variants)."""
+        if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, layer_number):
             raise SettingError(
                 "window_size", config.window_size, "None", why=": sliding-window attention needs the local spec's "
                 "unfused attention (core_attention='unfused') or Transformer Engine",
@@ -72,10 +75,14 @@ class SDPADotProductAttention(DotProductAttention):
                 "softmax_type", config.softmax_type, "vanilla",
                 why=": SDPA has no softmax offset; use the unfused attention (core_attention='unfused')",
             )  # fmt: skip
+
+    def _scores_scale(self) -> float:
+        """The scale of ``q k^T``: ``DotProductAttention``'s, whose query-key layer scaling divides by the layer
+        number and whose softmax multiplies it back."""
         scale = self.softmax_scale
-        if config.apply_query_key_layer_scaling:  # DotProductAttention divides by it, its softmax multiplies back
+        if self.config.apply_query_key_layer_scaling:
             scale *= self.layer_number
-        self.sdpa_scale = scale
+        return scale
 
     def forward(
         self,
@@ -117,9 +124,11 @@ class SDPADotProductAttention(DotProductAttention):
 
 def sdpa_layer_spec(config: Any) -> Any:
     """Bridge's ``local_layer_spec(config)`` (Megatron-Core's local layers, no Transformer Engine) with
-    ``SDPADotProductAttention`` as the core attention. Example::
+    ``SDPADotProductAttention`` as the core attention, for a ``GPTModel`` built without Bridge's provider (whose
+    ``provide`` puts ``DotProductAttention`` back when ``attention_backend`` is ``local``: use the plugin providers'
+    ``core_attention="sdpa"`` there). Example::
 
-        provider.transformer_layer_spec = sdpa_layer_spec
+        model = GPTModel(config=config, transformer_layer_spec=sdpa_layer_spec(provider), ...)
     """
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 

@@ -163,3 +163,12 @@ def test_converting_a_sliding_window_layer_is_refused():
     model = build_tiny_gpt(tiny_gpt_config(window_size=(8, 0)))
     with pytest.raises(SettingError, match=r"^window_size=\(8, 0\) is invalid: expected None"):
         use_sdpa_attention(model)
+
+
+def test_a_refused_conversion_leaves_the_module_as_it_was():
+    from nemo_noise_plugin.model.sdpa_attention import use_sdpa_attention
+
+    model = build_tiny_gpt(tiny_gpt_config(window_size=(8, 0)))
+    with pytest.raises(SettingError):
+        use_sdpa_attention(model)
+    assert all(type(m) is DotProductAttention for m in model.modules() if isinstance(m, DotProductAttention))
