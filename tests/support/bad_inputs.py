@@ -645,6 +645,10 @@ def _audit_cases() -> list[BadInput]:
             ("output_dir='/proc/nope'", "cannot be written"),
         ),
         BadInput(surface, "attacks=nn_l3", _audit("model=tiny", "sweep=alpha:1", "attacks=nn_l3"), ("nn_l3",)),
+        BadInput(surface, "a sweep level twice", _audit("model=tiny", "sweep=alpha:1,5,1"), ("uniform/alpha:1",)),
+        BadInput(
+            surface, "an attack twice", _audit("model=tiny", "sweep=alpha:1", "attacks=nn_l2,nn_l2"), ("nn_l2 is",)
+        ),
         BadInput(surface, "unknown key", _audit("model=tiny", "sweep=alpha:1", "tokenz=5"), ("tokenz",)),
         BadInput(
             surface,
