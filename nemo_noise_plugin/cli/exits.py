@@ -76,10 +76,13 @@ def _one_line(text: str) -> str:
 
 
 def checkpoint_sentence() -> str:
-    """Whether and where this process's runs have a checkpoint on disk now, in words."""
-    from nemo_noise_plugin.jobs.launch.launcher import saved_checkpoints
+    """Whether and where this process's runs have a checkpoint on disk now, in words.
 
-    saved = saved_checkpoints()
+    Imports nothing: an interrupt can come while a module is still being imported (torchrun stops its other ranks
+    when one fails), and importing it again here would fail half-way (torch: a traceback, even a crash). A launcher
+    that is not imported yet has started no run."""
+    launcher = sys.modules.get("nemo_noise_plugin.jobs.launch.launcher")
+    saved = launcher.saved_checkpoints() if hasattr(launcher, "saved_checkpoints") else []
     if not saved:
         return "no checkpoint was saved yet, so the same command starts from iteration 0"
     return f"checkpoint{'s' if len(saved) > 1 else ''}: {', '.join(saved)} (the same command resumes from there)"

@@ -253,10 +253,12 @@ def run_finetune(
         )
     registered = RECIPES.get(factory)
     cpu_loop = registered is not None and registered.embedded_corpus  # trains on shipped data: fits the CPU loop
-    if not dryrun and to_yaml is None and not cpu_loop:
+    if not dryrun and to_yaml is None:
         from nemo_noise_plugin.jobs.launch import launcher as launching
 
-        launching.require_gpu()
+        launching.check_torchrun_ranks(cpu_loop=cpu_loop)
+        if not cpu_loop:
+            launching.require_gpu()
     # With --to-yaml -, standard output carries only the YAML: Megatron's root log handler (INFO, bound to
     # sys.stdout when megatron.training is first imported) and the dry-run description go to stderr.
     with contextlib.redirect_stdout(sys.stderr) if to_yaml == "-" else contextlib.nullcontext():

@@ -32,6 +32,7 @@ runs have on disk (what an interrupt leaves).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "GPUUnavailableError",
     "check_bridge_resume",
     "check_run_settings",
+    "check_torchrun_ranks",
     "forward_step_for",
     "launch",
     "require_gpu",
@@ -73,15 +75,29 @@ def require_gpu() -> None:
         raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
 
 
+def check_torchrun_ranks(*, cpu_loop: bool) -> None:
+    """Under torchrun on a machine without a GPU: ``SettingError`` naming ``--nproc-per-node`` (or ``--nnodes``)
+    before anything heavy is imported. Bridge's loop needs a GPU per rank and the CPU loop runs in one process, so
+    each rank would otherwise import the whole stack only to fail (a few minutes on a small machine)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or cuda_available():
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    setting, value = ("torchrun --nproc-per-node", local) if local > 1 else ("torchrun --nnodes", world)
+    runs = "the CPU loop runs in one process: run the command without torchrun" if cpu_loop else GPU_REQUIRED_MESSAGE
+    raise SettingError(setting, value, "a GPU per rank", why=f": this machine has no GPU; {runs}")
+
+
 _BRIDGE_SAVE_FOLDERS: list[Path] = []
 """``checkpoint.save`` of the runs this process started in Bridge's loop (``saved_checkpoints`` looks there)."""
 
 
 def saved_checkpoints() -> list[str]:
-    """The checkpoints of this process's runs that exist on disk now: CPU-loop state files, Bridge's folders."""
-    from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint
-
-    found = [str(path) for path in CpuCheckpoint.on_disk()]
+    """The checkpoints of this process's runs that exist on disk now: CPU-loop state files, Bridge's folders.
+    Imports nothing (it answers an interrupt, which may come during an import): without the CPU loop's checkpoint
+    module no CPU state was opened."""
+    cpu = sys.modules.get("nemo_noise_plugin.jobs.cpu.checkpoint")
+    found = [str(path) for path in cpu.CpuCheckpoint.on_disk()] if hasattr(cpu, "CpuCheckpoint") else []
     for folder in _BRIDGE_SAVE_FOLDERS:
         tracker = folder / "latest_checkpointed_iteration.txt"  # Bridge writes it after a complete save
         if tracker.is_file():
