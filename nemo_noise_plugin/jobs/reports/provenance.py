@@ -21,7 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["config_dict", "config_sha256", "data_files", "file_sha256", "noise_setting", "plugin_version"]
+__all__ = [
+    "config_dict",
+    "config_sha256",
+    "data_files",
+    "file_sha256",
+    "level_field",
+    "noise_setting",
+    "plugin_version",
+]
 __all__ += ["compact_provenance", "run_provenance", "run_title"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -132,13 +140,18 @@ def noise_setting(noise: Any) -> dict[str, Any]:
     scaling); ``{"mechanism": "off", "level": "off"}`` when ``noise`` is None, disabled or of zero magnitude."""
     if noise is None or not noise.is_active_configuration:
         return {"mechanism": "off", "level": "off"}
+    field = level_field(noise)
+    return {"mechanism": noise.mechanism, "level": {"field": field, "value": getattr(noise, field)}}
+
+
+def level_field(noise: Any) -> str:
+    """The field that sets the level of ``noise`` (a ``NoiseConfig``): its family's ``magnitude_field``, or
+    ``distance_multiple`` under ``embedding_distance`` scaling, where alpha and sigma are not used."""
     from nemo_noise_plugin.noise.families import noise_family
 
     family = noise_family(noise.mechanism)
-    field = family.magnitude_field
-    if family.length_scaled and noise.scaling == "embedding_distance":
-        field = "distance_multiple"
-    return {"mechanism": noise.mechanism, "level": {"field": field, "value": getattr(noise, field)}}
+    distance_scaled = family.length_scaled and noise.scaling == "embedding_distance"
+    return "distance_multiple" if distance_scaled else family.magnitude_field
 
 
 def run_provenance(config: Any, recipe_name: str | None = None) -> dict[str, Any]:
