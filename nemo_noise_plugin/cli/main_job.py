@@ -52,9 +52,10 @@ MECHANISM_FLAGS: dict[str, tuple[str, ...]] = {
 """The main job's noise flags and the mechanisms that use them."""
 DEFAULT_STEPS = 30
 STEPS_BY_RECIPE = {"tiny_noise_sft": 60}
-"""``--steps`` when not given. The default recipe trains 60 steps (1-2 CPU minutes with its control): at 30 its report
-measured no overall difference from the control, at 60 a measured trade-off (lower KL, lower loss under heavy noise,
-higher clean loss); the runs are in docs/cli.md ("Does noise training beat the control?")."""
+"""``--steps`` when not given. The default recipe trains 60 steps (with its control: 1 min 21 s on a 2-core CPU, load
+not recorded; 18 min 30 s at load 20-28: docs/cli.md): at 30 its report measured no overall difference from the
+control, at 60 a measured trade-off (lower KL, lower loss under heavy noise, higher clean loss); the runs are in
+docs/cli.md ("Does noise training beat the control?")."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
