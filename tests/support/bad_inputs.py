@@ -401,6 +401,7 @@ def _finetune_cases() -> list[BadInput]:
     cases = [
         BadInput(surface, "model.noise.alpha=-1", _finetune("model.noise.alpha=-1"), ("model.noise.alpha=-1",)),
         BadInput(surface, "model.noise.alpha=abc", _finetune("model.noise.alpha=abc"), ("model.noise.alpha",)),
+        BadInput(surface, "model.noise.alpha=1e30", _finetune("model.noise.alpha=1e30"), ("alpha=1e+30", "inf")),
         BadInput(surface, "model.noise.alpah=3", _finetune("model.noise.alpah=3"), ("model.noise.alpah",)),
         BadInput(surface, "model.num_layers=0", _finetune("model.num_layers=0"), ("model.num_layers=0", ">= 1")),
         BadInput(surface, "dataset.seq_length=-4", _finetune("dataset.seq_length=-4"), ("dataset.seq_length=-4",)),

@@ -182,11 +182,9 @@ def noise_setting(noise: Any) -> dict[str, Any]:
 def level_field(noise: Any) -> str:
     """The field that sets the level of ``noise`` (a ``NoiseConfig``): its family's ``magnitude_field``, or
     ``distance_multiple`` under ``embedding_distance`` scaling, where alpha and sigma are not used."""
-    from nemo_noise_plugin.noise.families import noise_family
+    from nemo_noise_plugin.noise.bounds import noise_setting as level_setting
 
-    family = noise_family(noise.mechanism)
-    distance_scaled = family.length_scaled and noise.scaling == "embedding_distance"
-    return "distance_multiple" if distance_scaled else family.magnitude_field
+    return level_setting(noise)[0]
 
 
 def run_provenance(config: Any, recipe_name: str | None = None) -> dict[str, Any]:
