@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import os
 import re
-import signal
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from nemo_noise_plugin.cli.console import quiet_third_party
-from nemo_noise_plugin.cli.exits import EXIT_USAGE, UsageParser, describe_failure, run_command, stop_on_sigterm
+from nemo_noise_plugin.cli.exits import UsageParser, rank_zero_says_it, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus
 from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log
 from nemo_noise_plugin.jobs.launch.finetune import (
@@ -36,7 +33,7 @@ from nemo_noise_plugin.jobs.launch.finetune import (
 from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
 from nemo_noise_plugin.recipes import RECIPES
 
-__all__ = ["check_to_yaml", "main", "rank_zero_says_it", "recipe_with_arguments"]
+__all__ = ["check_to_yaml", "main", "recipe_with_arguments"]
 
 _CALL = re.compile(r"^\s*([\w.:]+)\s*\((.*)\)\s*$", re.DOTALL)
 
@@ -143,28 +140,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
     return run_command(run, prefix=f"{parser.prog}: error")
-
-
-RANK_ZERO_WAIT_S = 300
-"""How long a rank other than 0 waits, after an error every rank meets, for torchrun to stop it (torchrun stops the
-other ranks as soon as rank 0 has said it and exited)."""
-
-
-@contextlib.contextmanager
-def rank_zero_says_it() -> Iterator[None]:
-    """Under torchrun, an error that every rank meets alike (a setting, no GPU) is said once, by rank 0: the other
-    ranks wait quietly (``RANK_ZERO_WAIT_S``) for torchrun to stop them once rank 0 has exited, so that their own
-    exit does not make torchrun stop rank 0 before its line is out, then exit with the same status."""
-    try:
-        yield
-    except Exception as error:
-        known = describe_failure(error)
-        alike = known is not None and (known[0] == EXIT_USAGE or type(error).__name__ == "GPUUnavailableError")
-        if not alike or int(os.environ.get("RANK", "0")) == 0:
-            raise
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # torchrun's stop ends this rank without a word
-        time.sleep(RANK_ZERO_WAIT_S)
-        raise SystemExit(known[0]) from None
 
 
 if __name__ == "__main__":  # Bridge's checkpoint-save workers re-import the launching module

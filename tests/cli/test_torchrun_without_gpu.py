@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 
+from nemo_noise_plugin.cli import exits
 from nemo_noise_plugin.cli import finetune as finetune_cli
 from nemo_noise_plugin.jobs.launch.launcher import check_torchrun_ranks
 from nemo_noise_plugin.validation import SettingError
@@ -58,7 +59,7 @@ def test_one_process_is_not_checked(monkeypatch):
 def test_an_error_every_rank_meets_is_said_by_rank_0_only(monkeypatch, capsys, rank):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", rank)
-    monkeypatch.setattr(finetune_cli, "RANK_ZERO_WAIT_S", 0.01)  # torchrun would stop rank 1 before this ends
+    monkeypatch.setattr(exits, "RANK_ZERO_WAIT_S", 0.01)  # torchrun would stop rank 1 before this ends
     arguments = ["-f", "tiny_noise_sft", "--dryrun", "train.train_iters=0"]
     if rank == "0":
         assert finetune_cli.main(arguments) == 2
@@ -68,6 +69,30 @@ def test_an_error_every_rank_meets_is_said_by_rank_0_only(monkeypatch, capsys, r
         assert stopped.value.code == 2
     error = capsys.readouterr().err
     assert error.count("train.train_iters=0 is invalid") == (1 if rank == "0" else 0), error
+
+
+def test_nemo_llm_finetunes_wrapped_error_is_said_by_rank_0_only_too(monkeypatch, capsys):
+    """``nemo llm finetune`` under torchrun: NeMo-Run wraps the error in its ``RunContextError``."""
+    from nemo_run.cli.api import RunContextError
+
+    from nemo_noise_plugin.cli.exits import rank_zero_says_it, run_command
+    from nemo_noise_plugin.jobs.launch.launcher import GPU_REQUIRED_MESSAGE, GPUUnavailableError
+
+    def body():
+        try:
+            raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
+        except GPUUnavailableError as error:
+            raise RunContextError(str(error)) from error
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setattr(exits, "RANK_ZERO_WAIT_S", 0.01)
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(SystemExit) as stopped:
+        run_command(rank_zero_says_it()(body), prefix="Error")
+    assert stopped.value.code == 1 and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert run_command(rank_zero_says_it()(body), prefix="Error") == 1
+    assert capsys.readouterr().err == f"Error: {GPU_REQUIRED_MESSAGE}\n"
 
 
 def test_the_interrupt_line_imports_nothing():
