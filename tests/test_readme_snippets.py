@@ -142,3 +142,22 @@ def test_the_bridge_snippet_trains_both_providers_and_converts_an_autobridge_pro
     provider = namespace["provider"]
     assert type(provider) is NoisyDistillationProvider and provider.noise.alpha == 5.0
     assert len(provider._pre_wrap_hooks) == 1  # AutoBridge's HF weight loading, kept
+
+
+def test_the_files_the_documented_commands_write_lie_in_git_ignored_folders():
+    """Issue 36, finding 10: the README's ``--to-yaml run.yaml`` wrote into the clone (an untracked file in a fresh
+    checkout). Every ``--to-yaml FILE`` in a README or docs command writes where git ignores it."""
+    import subprocess
+
+    root = README.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    pages = [README, *sorted((root / "docs").glob("*.md"))]
+    written = sorted(
+        {path for page in pages for path in re.findall(r"--to-yaml ([\w./-]+\.ya?ml)\b", page.read_text())}
+    )
+    assert "outputs/run.yaml" in written  # the README's own example
+    ignored = subprocess.run(
+        ["git", "-C", str(root), "check-ignore", "--no-index", *written], capture_output=True, text=True
+    ).stdout.split()
+    assert sorted(ignored) == written

@@ -17,10 +17,13 @@ through:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import os
 import signal
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 __all__ = [
     "EXIT_FAILED",
@@ -32,6 +35,7 @@ __all__ = [
     "checkpoint_sentence",
     "describe_failure",
     "end_sigterm_stop",
+    "rank_zero_says_it",
     "run_command",
     "stop_on_sigterm",
 ]
@@ -76,10 +80,13 @@ def _one_line(text: str) -> str:
 
 
 def checkpoint_sentence() -> str:
-    """Whether and where this process's runs have a checkpoint on disk now, in words."""
-    from nemo_noise_plugin.jobs.launch.launcher import saved_checkpoints
+    """Whether and where this process's runs have a checkpoint on disk now, in words.
 
-    saved = saved_checkpoints()
+    Imports nothing: an interrupt can come while a module is still being imported (torchrun stops its other ranks
+    when one fails), and importing it again here would fail half-way (torch: a traceback, even a crash). A launcher
+    that is not imported yet has started no run."""
+    launcher = sys.modules.get("nemo_noise_plugin.jobs.launch.launcher")
+    saved = launcher.saved_checkpoints() if hasattr(launcher, "saved_checkpoints") else []
     if not saved:
         return "no checkpoint was saved yet, so the same command starts from iteration 0"
     return f"checkpoint{'s' if len(saved) > 1 else ''}: {', '.join(saved)} (the same command resumes from there)"
@@ -103,6 +110,29 @@ def describe_failure(error: BaseException) -> tuple[int, str] | None:
     if isinstance(error, RuntimeError) and "Unexpected result" in str(error):  # Megatron's rerun state machine
         return EXIT_FAILED, f"{str(error).splitlines()[-1]}; training stopped."
     return None
+
+
+RANK_ZERO_WAIT_S = 300
+"""How long a rank other than 0 waits, after an error every rank meets, for torchrun to stop it (torchrun stops the
+other ranks as soon as rank 0 has said it and exited)."""
+
+
+@contextlib.contextmanager
+def rank_zero_says_it() -> Iterator[None]:
+    """Under torchrun, an error that every rank meets alike (a setting, no GPU) is said once, by rank 0: the other
+    ranks wait quietly (``RANK_ZERO_WAIT_S``) for torchrun to stop them once rank 0 has exited, so that their own
+    exit does not make torchrun stop rank 0 before its line is out, then exit with the same status."""
+    try:
+        yield
+    except Exception as error:
+        known = describe_failure(error)
+        kinds = {type(error).__name__, type(error.__cause__).__name__}  # NeMo-Run's RunContextError wraps them
+        alike = known is not None and (known[0] == EXIT_USAGE or "GPUUnavailableError" in kinds)
+        if not alike or int(os.environ.get("RANK", "0")) == 0:
+            raise
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # torchrun's stop ends this rank without a word
+        time.sleep(RANK_ZERO_WAIT_S)
+        raise SystemExit(known[0]) from None
 
 
 def run_command(body: Callable[[], int | None], *, interrupted: str = "", prefix: str = "error") -> int:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nemo_noise_plugin.cli.console import quiet_third_party
-from nemo_noise_plugin.cli.exits import UsageParser, run_command, stop_on_sigterm
+from nemo_noise_plugin.cli.exits import UsageParser, rank_zero_says_it, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus
 from nemo_noise_plugin.jobs.launch.bridge_console import bridge_log
 from nemo_noise_plugin.jobs.launch.finetune import (
@@ -124,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_third_party(args.verbose)
     stop_on_sigterm()
 
+    @rank_zero_says_it()
     def run() -> None:
         check_to_yaml(args.to_yaml)
         called = recipe_with_arguments(args.factory)

@@ -35,6 +35,7 @@ from nemo_noise_plugin.noise.config import (
 )
 from nemo_noise_plugin.noise.families import NOISE_FAMILIES
 from nemo_noise_plugin.recipes import RECIPES
+from nemo_noise_plugin.validation import SettingError
 from nemo_noise_plugin.yaml_files import YAMLInputError
 
 __all__ = ["build_noise_config", "main", "parse_args"]
@@ -51,9 +52,10 @@ MECHANISM_FLAGS: dict[str, tuple[str, ...]] = {
 """The main job's noise flags and the mechanisms that use them."""
 DEFAULT_STEPS = 30
 STEPS_BY_RECIPE = {"tiny_noise_sft": 60}
-"""``--steps`` when not given. The default recipe trains 60 steps (1-2 CPU minutes with its control): at 30 its report
-measured no overall difference from the control, at 60 a measured trade-off (lower KL, lower loss under heavy noise,
-higher clean loss); the runs are in docs/cli.md ("Does noise training beat the control?")."""
+"""``--steps`` when not given. The default recipe trains 60 steps (with its control: 1 min 21 s on a 2-core CPU, load
+not recorded; 18 min 30 s at load 20-28: docs/cli.md): at 30 its report measured no overall difference from the
+control, at 60 a measured trade-off (lower KL, lower loss under heavy noise, higher clean loss); the runs are in
+docs/cli.md ("Does noise training beat the control?")."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -108,7 +110,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--mechanism", choices=MECHANISMS, help="overrides the config (default uniform)")
     for flag, family in _MAGNITUDE_FLAGS.items():
         parser.add_argument(_option(flag), dest=flag, type=float, help=family.cli_help)
-    parser.add_argument("--scaling", choices=SCALINGS, help="overrides the config (default true_length)")
+    parser.add_argument(
+        "--scaling",
+        choices=SCALINGS,
+        help="overrides the config (default true_length); embedding_distance needs a --noise-config that sets "
+        "embedding_distance",
+    )
     parser.add_argument("--lr", type=float, help="peak learning rate (1e-3 for tiny recipes, else the recipe's)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument(
@@ -163,7 +170,16 @@ def build_noise_config(args: argparse.Namespace) -> NoiseConfig:
                 f"{', '.join(mechanisms)}); {noise.mechanism} noise is set by its field {own!r}: use --noise-config "
                 f"with {own}: <value>, or --mechanism {mechanisms[0]}."
             )
-    return dataclasses.replace(noise, **levels) if levels else noise
+    noise = dataclasses.replace(noise, **levels) if levels else noise
+    if noise.scaling == "embedding_distance" and noise.embedding_distance is None:  # no flag sets the distance
+        raise SettingError(
+            "--scaling" if args.scaling else f"--noise-config {args.noise_config} scaling",
+            "embedding_distance",
+            "a noise config that also sets embedding_distance, the table's median nearest-neighbour distance "
+            "(--noise-config FILE.yaml with scaling: embedding_distance and embedding_distance: D; "
+            "privacy.embedding_distance.calibrate_noise_to_embeddings measures D), or another --scaling",
+        )
+    return noise
 
 
 def _option(field: str) -> str:

@@ -50,7 +50,7 @@ from nemo_noise_plugin.cli.console import (
     quiet_third_party,
     running_the_plugin_command,
 )
-from nemo_noise_plugin.cli.exits import end_sigterm_stop, run_command, stop_on_sigterm
+from nemo_noise_plugin.cli.exits import end_sigterm_stop, rank_zero_says_it, run_command, stop_on_sigterm
 from nemo_noise_plugin.cli.gpu_free import hide_gpus_for_dry_run
 from nemo_noise_plugin.cli.nemo2 import nemo2_factory, nemo2_llm_finetune
 
@@ -242,7 +242,8 @@ class FinetuneRunContext(RunContext):
                 finally:
                     end_sigterm_stop()
                 return
-            status = run_command(lambda: self.cli_execute(fn, ctx.args), prefix="Error")  # cli.exits: 2, 1, 130, 143
+            execute = rank_zero_says_it()(lambda: self.cli_execute(fn, ctx.args))  # under torchrun: said once
+            status = run_command(execute, prefix="Error")  # cli.exits: 2, 1, 130, 143
             if status:
                 raise typer.Exit(code=status)
 

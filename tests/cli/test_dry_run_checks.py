@@ -112,8 +112,26 @@ def test_a_dry_run_refuses_model_and_data_sizes_below_one(override):
             ["model.kd.top_k=100000"],
             "model.kd.top_k=100000 is invalid with model.vocab_size=257: expected an integer in [1, 257]",
         ),
+        (
+            "tiny_noise_sft",
+            ["model.noise.alpha=1e30"],
+            "NoiseConfig.alpha=1e+30 is invalid with mechanism='uniform', hidden_size=256 and bfloat16: expected a "
+            "noise level whose per-token noise norm stays below",
+        ),
+        (
+            "tiny_noise_sft",
+            ["model.noise.mechanism=metric_dp", "model.noise.eta=1e-20"],
+            "NoiseConfig.eta=1e-20 is invalid with mechanism='metric_dp', hidden_size=256 and bfloat16",
+        ),
     ],
-    ids=["negative save interval", "heads do not divide hidden", "1e20 iterations", "top_k past the vocabulary"],
+    ids=[
+        "negative save interval",
+        "heads do not divide hidden",
+        "1e20 iterations",
+        "top_k past the vocabulary",
+        "alpha whose noise overflows (issue 36, finding 5)",
+        "eta whose noise overflows (issue 36, finding 5)",
+    ],
 )
 def test_a_dry_run_refuses_sizes_megatron_would_misuse(recipe, overrides, words):
     """Each passed the dry run before (issue 36, finding 8) and then failed or did something else at run time."""

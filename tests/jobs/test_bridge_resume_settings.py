@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 
@@ -20,9 +21,13 @@ def _config(folder, alpha=5.0):
     return config
 
 
-def _bridge_checkpoint(config, iteration=4):
+def _bridge_checkpoint(config, iteration=4, *, set_up=False):
     """What Bridge leaves in ``checkpoint.save`` after a save: the iteration's folder with its run config, then the
-    tracker (the weights themselves are not read here)."""
+    tracker (the weights themselves are not read here). ``set_up``: the config as Bridge's set-up leaves it before it
+    saves (``ConfigContainer.validate``: derived fields filled in, the data ``blend`` with its full paths)."""
+    if set_up:
+        config = copy.deepcopy(config)
+        config.validate()
     folder = f"{config.checkpoint.save}/iter_{iteration:07d}"
     os.makedirs(folder, exist_ok=True)
     config.to_yaml(f"{folder}/run_config.yaml")
@@ -43,3 +48,32 @@ def test_a_bridge_checkpoint_of_these_settings_in_a_moved_folder_resumes(tmp_pat
     _bridge_checkpoint(_config(tmp_path / "first"))
     shutil.move(tmp_path / "first", tmp_path / "moved")
     check_bridge_resume(_config(tmp_path / "moved"))  # no error: Bridge's loop then resumes from it
+
+
+@pytest.mark.parametrize(
+    ("override", "difference"),
+    [
+        ("model.num_layers=2", "model.num_layers (saved 4, this run 2)"),
+        ("model.hidden_size=128", "model.hidden_size (saved 256, this run 128)"),
+        ("dataset.random_seed=7", "dataset.random_seed (saved 1234, this run 7)"),
+        ("dataset.split=8,2,0", "dataset.split (saved '9,1,0', this run '8,2,0')"),
+    ],
+)
+def test_a_bridge_checkpoint_of_another_model_shape_or_data_is_refused_naming_it(tmp_path, override, difference):
+    """Issue 36, finding 1: the model and the data define a checkpoint too; only noise, KD and seed were compared."""
+    _bridge_checkpoint(_config(tmp_path), set_up=True)
+    other = _config(tmp_path)
+    key, value = override.split("=")
+    section, field = key.split(".")
+    setattr(getattr(other, section), field, type(getattr(getattr(other, section), field))(value))
+    with pytest.raises(CheckpointMismatchError) as refused:
+        check_bridge_resume(other)
+    assert difference in str(refused.value)
+
+
+def test_a_set_up_bridge_checkpoint_of_these_settings_in_a_moved_folder_resumes(tmp_path):
+    """Bridge's set-up fills fields the recipe leaves unset (kv_channels, the blend with its full paths): neither is a
+    difference, nor is the folder the run was moved from."""
+    _bridge_checkpoint(_config(tmp_path / "first"), set_up=True)
+    shutil.move(tmp_path / "first", tmp_path / "moved")
+    check_bridge_resume(_config(tmp_path / "moved"))

@@ -60,3 +60,26 @@ def test_held_out_or_chats_below_one_is_refused(flag, capsys):
     with pytest.raises(SystemExit) as stopped:
         parse_args([flag, "0"])
     assert stopped.value.code == 2 and f"{flag}=0 is invalid: expected an integer >= 1." in capsys.readouterr().err
+
+
+def test_scaling_embedding_distance_without_a_distance_is_refused_before_anything_is_built(tmp_path, capsys):
+    """Issue 36, finding 10: ``--scaling embedding_distance`` was offered, then failed after the model and data were
+    built, since no flag sets ``embedding_distance``."""
+    from nemo_noise_plugin.cli.main_job import main
+
+    assert main(["--scaling", "embedding_distance", "--output-dir", str(tmp_path / "out")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(
+        "error: --scaling='embedding_distance' is invalid: expected a noise config that also sets embedding_distance"
+    )
+    assert "\n" not in line and not (tmp_path / "out" / "tiny_noise_sft").exists()
+
+
+def test_scaling_embedding_distance_from_a_noise_config_that_sets_the_distance_is_taken(tmp_path):
+    noise_yaml = tmp_path / "noise.yaml"
+    noise_yaml.write_text("mechanism: gaussian\nscaling: embedding_distance\nembedding_distance: 0.8\n")
+    noise = build_noise_config(parse_args(["--noise-config", str(noise_yaml)]))
+    assert (noise.scaling, noise.embedding_distance) == ("embedding_distance", 0.8)
+    noise_yaml.write_text("mechanism: gaussian\nscaling: embedding_distance\n")
+    with pytest.raises(ValueError, match=rf"^--noise-config {noise_yaml} scaling='embedding_distance' is invalid"):
+        build_noise_config(parse_args(["--noise-config", str(noise_yaml)]))

@@ -30,7 +30,7 @@ bridge_state = bridge_fixtures.bridge_state
 clean_attention_settings = bridge_fixtures.clean_attention_settings
 
 FIELDS = {"recipe", "plugin_version", "mechanism", "level", "train_iters", "global_batch_size", "seeds"}
-FIELDS |= {"data_files", "config_sha256", "config"}
+FIELDS |= {"data_files", "config_sha256", "config", "source", "command_line"}
 
 
 def _context(state, model, user_state):
@@ -64,6 +64,38 @@ def test_the_provenance_of_the_tiny_recipe_holds_every_field(tiny_config):
     assert provenance["config"]["train"]["train_iters"] == 12  # the whole resolved config, Bridge's to_dict
     assert provenance["config"]["model"]["noise"]["alpha"] == noise.alpha
     json.dumps(provenance, allow_nan=False)  # JSON as it is
+
+
+def test_the_provenance_names_the_commit_of_the_checkout_and_the_command_line(tiny_config):
+    """Issue 36, finding 10: reports recorded the version (0.1.0 at every commit) but no commit and no command."""
+    import shlex
+    import subprocess
+    import sys
+
+    provenance = run_provenance(tiny_config, "tiny_noise_sft")
+    assert provenance["command_line"] == shlex.join(sys.orig_argv)
+    repository = Path(__file__).resolve().parents[2]
+    if not (repository / ".git").exists():
+        assert provenance["source"] is None  # an installed copy of the tests: no checkout to name
+        return
+    head = subprocess.run(["git", "-C", str(repository), "rev-parse", "HEAD"], capture_output=True, text=True)
+    assert provenance["source"]["commit"] == head.stdout.strip() and len(head.stdout.strip()) == 40
+    assert isinstance(provenance["source"]["modified"], bool)
+
+
+def test_the_command_line_is_the_one_the_shell_would_take_again(tmp_path):
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    code = "from nemo_noise_plugin.jobs.reports.provenance import command_line; print(command_line())"
+    repository = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repository, os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-c", code, "--alpha", "5", "a name with spaces"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert shlex.split(result.stdout.strip()) == command
 
 
 def test_the_data_hashes_are_the_sha256_of_the_corpus_file_the_run_reads(tiny_config):
@@ -159,6 +191,7 @@ def test_the_audit_report_provenance_holds_its_settings_version_and_data_hash(tm
     data.write_text('{"text": "hello"}\n')
     provenance = audit_provenance({"model": "tiny", "data": str(data), "tokens": 100})
     assert provenance["command"] == "nemo noise audit"
+    assert provenance["command_line"] and "source" in provenance  # the call and the code behind the report
     assert provenance["plugin_version"] == importlib.metadata.version("nemo-noise-plugin")
     assert provenance["settings"] == {"model": "tiny", "data": str(data), "tokens": 100}
     assert provenance["data_files"] == {str(data): _sha256(data)}

@@ -49,6 +49,16 @@ def test_other_mechanisms_sweep_their_own_setting(noise, field, trained):
     assert swept.mechanism == noise.mechanism and getattr(swept, field) == pytest.approx(4 * trained)
 
 
+@pytest.mark.parametrize("mechanism", ["uniform", "gaussian"])
+def test_under_embedding_distance_scaling_the_sweep_varies_distance_multiple(mechanism):
+    """Issue 36, finding 10: the report swept alpha or sigma, which this scaling does not use (six equal rows)."""
+    noise = NoiseConfig(mechanism=mechanism, scaling="embedding_distance", embedding_distance=0.8, distance_multiple=2)
+    assert scale_field(noise) == "distance_multiple"
+    scales = sweep_scales(noise)
+    assert scales == pytest.approx([2.0 * multiple for multiple in REPORT_MULTIPLES])
+    assert [noise_at_scale(noise, scale).magnitude for scale in scales[1:]] == pytest.approx(scales[1:])
+
+
 def test_privacy_mechanisms_sweep_the_reciprocal_of_their_budget_so_the_axis_grows_with_the_noise():
     dp = NoiseConfig(mechanism="gaussian_mechanism", clip_norm=1.0, epsilon=8.0)
     assert scale_field(dp) == "1/epsilon"

@@ -401,6 +401,7 @@ def _finetune_cases() -> list[BadInput]:
     cases = [
         BadInput(surface, "model.noise.alpha=-1", _finetune("model.noise.alpha=-1"), ("model.noise.alpha=-1",)),
         BadInput(surface, "model.noise.alpha=abc", _finetune("model.noise.alpha=abc"), ("model.noise.alpha",)),
+        BadInput(surface, "model.noise.alpha=1e30", _finetune("model.noise.alpha=1e30"), ("alpha=1e+30", "inf")),
         BadInput(surface, "model.noise.alpah=3", _finetune("model.noise.alpah=3"), ("model.noise.alpah",)),
         BadInput(surface, "model.num_layers=0", _finetune("model.num_layers=0"), ("model.num_layers=0", ">= 1")),
         BadInput(surface, "dataset.seq_length=-4", _finetune("dataset.seq_length=-4"), ("dataset.seq_length=-4",)),
@@ -645,6 +646,10 @@ def _audit_cases() -> list[BadInput]:
             ("output_dir='/proc/nope'", "cannot be written"),
         ),
         BadInput(surface, "attacks=nn_l3", _audit("model=tiny", "sweep=alpha:1", "attacks=nn_l3"), ("nn_l3",)),
+        BadInput(surface, "a sweep level twice", _audit("model=tiny", "sweep=alpha:1,5,1"), ("uniform/alpha:1",)),
+        BadInput(
+            surface, "an attack twice", _audit("model=tiny", "sweep=alpha:1", "attacks=nn_l2,nn_l2"), ("nn_l2 is",)
+        ),
         BadInput(surface, "unknown key", _audit("model=tiny", "sweep=alpha:1", "tokenz=5"), ("tokenz",)),
         BadInput(
             surface,

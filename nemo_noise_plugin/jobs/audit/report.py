@@ -16,7 +16,13 @@ from nemo_noise_plugin.jobs.audit.data import AUDIT_DATA, check_audit_data
 from nemo_noise_plugin.jobs.audit.run_folder import TrainedRun
 from nemo_noise_plugin.jobs.audit.spans import add_span_results, format_span_results, span_sources, span_targets
 from nemo_noise_plugin.jobs.audit.targets import MODELS, AuditTarget, smollm2_target, tiny_target
-from nemo_noise_plugin.jobs.reports.provenance import compact_provenance, file_sha256, plugin_version
+from nemo_noise_plugin.jobs.reports.provenance import (
+    command_line,
+    compact_provenance,
+    file_sha256,
+    plugin_version,
+    source_commit,
+)
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.privacy.audit.sweep import audit_sweep, format_sweep, write_sweep_report
 
@@ -31,7 +37,9 @@ def audit_provenance(settings: dict[str, Any], run: TrainedRun | None = None) ->
     files = {str(data): file_sha256(data)} if data and data not in AUDIT_DATA and Path(data).is_file() else {}
     provenance: dict[str, Any] = {
         "command": "nemo noise audit",
+        "command_line": command_line(),
         "plugin_version": plugin_version(),
+        "source": source_commit(),
         "settings": settings,
         "data_files": files,
     }

@@ -88,7 +88,7 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
     from nemo_noise_plugin.noise.config import NoiseConfig, load_noise_config, parse_noise_arguments
     from nemo_noise_plugin.privacy.audit.run import ATTACKS
     from nemo_noise_plugin.privacy.audit.sweep import Sweep, parse_sweeps
-    from nemo_noise_plugin.validation import check_choice, check_int
+    from nemo_noise_plugin.validation import SettingError, check_choice, check_int
 
     values = parse_noise_arguments(
         arguments,
@@ -166,5 +166,10 @@ def parse_audit_arguments(arguments: Sequence[str]) -> dict[str, Any]:
         )
     for attack in settings["attacks"]:
         check_choice("attacks", attack, ATTACKS)
+    repeated = sorted({attack for attack in settings["attacks"] if settings["attacks"].count(attack) > 1})
+    if repeated:  # each attack once: a repeat only wrote the same rows twice
+        raise SettingError(
+            "attacks", values.get("attacks"), "each attack once", why=f": {', '.join(repeated)} is given more than once"
+        )
     check_writable_folder(settings["output_dir"], "output_dir")
     return settings

@@ -26,7 +26,8 @@ import nemo_run as run
 
 from nemo_noise_plugin.jobs.executors.kinds import kind_of
 from nemo_noise_plugin.jobs.executors.settings import check_executor
-from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, apply_overrides, build_config
+from nemo_noise_plugin.jobs.launch.finetune import FinetuneError, HubMissError, apply_overrides, build_config
+from nemo_noise_plugin.jobs.launch.offline_hub import HUB_MISS
 
 __all__ = [
     "RunDirectory",
@@ -72,10 +73,11 @@ class RunDirectory(run.Plugin):
 
 
 def resolve_on_launcher(
-    recipe: Callable[[], Any], factory: str, overrides: Sequence[str], config_file: str | None
+    recipe: Callable[[], Any], factory: str, overrides: Sequence[str], config_file: str | None, *, dryrun: bool = False
 ) -> tuple[Any, str | None]:
     """``(config, None)`` with the overrides applied and checked, or ``(None, why)`` when the recipe cannot be built
-    here (e.g. it reads its HF config from a hub this machine cannot reach): the worker then resolves it.
+    here (e.g. it reads its HF config from a hub this machine cannot reach, or, in a ``dryrun``, which reaches for
+    no hub, has not cached): the worker then resolves it.
 
     Unknown factories, bad overrides and bad YAML are ``FinetuneError`` either way.
     """
@@ -83,7 +85,9 @@ def resolve_on_launcher(
         if override.startswith("-"):
             raise FinetuneError(f"unknown option {override!r}; overrides look like key=value, +key=value or ~key.")
     try:
-        base = build_config(recipe, factory)
+        base = build_config(recipe, factory, dryrun=dryrun)
+    except HubMissError:
+        return None, HUB_MISS
     except FinetuneError:
         raise
     except Exception as error:  # the recipe itself failed: network, missing files, ...
@@ -199,7 +203,7 @@ def launch_finetune(
 
     if config_file is not None and not os.path.isfile(config_file):
         raise FinetuneError(f"--config-file {config_file!r} is not a file.")
-    config, why = resolve_on_launcher(recipe, factory, overrides, config_file)
+    config, why = resolve_on_launcher(recipe, factory, overrides, config_file, dryrun=dryrun)
     kind = kind_of(executor)
     gpus_here = _gpu_count() if kind.runs_here and not dryrun else None
     check_executor(

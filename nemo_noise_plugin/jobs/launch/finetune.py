@@ -33,6 +33,7 @@ __all__ = [
     "check_distinct_overrides",
     "follow_checkpoint_save",
     "FinetuneError",
+    "HubMissError",
     "UnknownFactoryError",
     "check_recipe_arguments",
     "check_takes_no_arguments",
@@ -49,6 +50,10 @@ class FinetuneError(Exception):
 
 class UnknownFactoryError(FinetuneError, LookupError):
     """``--factory`` names neither a registered recipe nor an importable function."""
+
+
+class HubMissError(FinetuneError):
+    """In a dry run, which reaches for no model hub, the recipe needed a model config that is not cached."""
 
 
 def load_recipe(name: str, available: Sequence[str] | None = None) -> Callable[[], Any]:
@@ -114,11 +119,19 @@ def unknown_factory(name: str, available: Sequence[str]) -> UnknownFactoryError:
     )
 
 
-def build_config(recipe: Callable[[], Any], factory: str) -> Any:
-    """Call the recipe and check that it returned a Megatron-Bridge ``ConfigContainer``."""
+def build_config(recipe: Callable[[], Any], factory: str, *, dryrun: bool = False) -> Any:
+    """Call the recipe and check that it returned a Megatron-Bridge ``ConfigContainer``. A ``dryrun`` reaches for no
+    model hub (``offline_hub``): a model config that is not cached is a ``FinetuneError`` saying so."""
+    from nemo_noise_plugin.jobs.launch.offline_hub import HUB_MISS, hub_miss, hub_offline
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
-    config = recipe()
+    try:
+        with hub_offline() if dryrun else contextlib.nullcontext():
+            config = recipe()
+    except Exception as error:
+        if dryrun and not isinstance(error, FinetuneError) and hub_miss(error):
+            raise HubMissError(f"--factory {factory!r} cannot be built here: {HUB_MISS}.") from None
+        raise
     container = import_bridge("megatron.bridge.training.config").ConfigContainer
     if not isinstance(config, container):
         raise FinetuneError(f"--factory {factory!r} returned {type(config).__name__}, not a Bridge ConfigContainer.")
@@ -253,16 +266,18 @@ def run_finetune(
         )
     registered = RECIPES.get(factory)
     cpu_loop = registered is not None and registered.embedded_corpus  # trains on shipped data: fits the CPU loop
-    if not dryrun and to_yaml is None and not cpu_loop:
+    if not dryrun and to_yaml is None:
         from nemo_noise_plugin.jobs.launch import launcher as launching
 
-        launching.require_gpu()
+        launching.check_torchrun_ranks(cpu_loop=cpu_loop)
+        if not cpu_loop:
+            launching.require_gpu()
     # With --to-yaml -, standard output carries only the YAML: Megatron's root log handler (INFO, bound to
     # sys.stdout when megatron.training is first imported) and the dry-run description go to stderr.
     with contextlib.redirect_stdout(sys.stderr) if to_yaml == "-" else contextlib.nullcontext():
         if isinstance(recipe, str):
             recipe = load_recipe(recipe)
-        config = apply_overrides(build_config(recipe, factory), overrides, config_file)
+        config = apply_overrides(build_config(recipe, factory, dryrun=dryrun), overrides, config_file)
         follow_checkpoint_save(config, overrides)
         if dryrun:  # the settings a real run's launch() rejects, creating nothing
             from nemo_noise_plugin.jobs.launch.launcher import check_run_settings

@@ -32,6 +32,7 @@ runs have on disk (what an interrupt leaves).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ __all__ = [
     "GPUUnavailableError",
     "check_bridge_resume",
     "check_run_settings",
+    "check_torchrun_ranks",
     "forward_step_for",
     "launch",
     "require_gpu",
@@ -73,15 +75,29 @@ def require_gpu() -> None:
         raise GPUUnavailableError(GPU_REQUIRED_MESSAGE)
 
 
+def check_torchrun_ranks(*, cpu_loop: bool) -> None:
+    """Under torchrun on a machine without a GPU: ``SettingError`` naming ``--nproc-per-node`` (or ``--nnodes``)
+    before anything heavy is imported. Bridge's loop needs a GPU per rank and the CPU loop runs in one process, so
+    each rank would otherwise import the whole stack only to fail (a few minutes on a small machine)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or cuda_available():
+        return
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    setting, value = ("torchrun --nproc-per-node", local) if local > 1 else ("torchrun --nnodes", world)
+    runs = "the CPU loop runs in one process: run the command without torchrun" if cpu_loop else GPU_REQUIRED_MESSAGE
+    raise SettingError(setting, value, "a GPU per rank", why=f": this machine has no GPU; {runs}")
+
+
 _BRIDGE_SAVE_FOLDERS: list[Path] = []
 """``checkpoint.save`` of the runs this process started in Bridge's loop (``saved_checkpoints`` looks there)."""
 
 
 def saved_checkpoints() -> list[str]:
-    """The checkpoints of this process's runs that exist on disk now: CPU-loop state files, Bridge's folders."""
-    from nemo_noise_plugin.jobs.cpu.checkpoint import CpuCheckpoint
-
-    found = [str(path) for path in CpuCheckpoint.on_disk()]
+    """The checkpoints of this process's runs that exist on disk now: CPU-loop state files, Bridge's folders.
+    Imports nothing (it answers an interrupt, which may come during an import): without the CPU loop's checkpoint
+    module no CPU state was opened."""
+    cpu = sys.modules.get("nemo_noise_plugin.jobs.cpu.checkpoint")
+    found = [str(path) for path in cpu.CpuCheckpoint.on_disk()] if hasattr(cpu, "CpuCheckpoint") else []
     for folder in _BRIDGE_SAVE_FOLDERS:
         tracker = folder / "latest_checkpointed_iteration.txt"  # Bridge writes it after a complete save
         if tracker.is_file():
@@ -91,14 +107,31 @@ def saved_checkpoints() -> list[str]:
 
 BRIDGE_RESUME_SETTINGS = ("model.noise.", "model.kd.", "rng.seed")
 """The settings a Bridge checkpoint's ``run_config.yaml`` must agree on with a run that resumes from it: the plugin's
-own (noise, KD) and the seed, which Bridge's set-up leaves as they were given (its derived model and data fields it
-fills in, so they are not compared)."""
+own (noise, KD) and the seed, which Bridge's set-up leaves as they were given."""
+BRIDGE_RESUME_SHAPE = (
+    *(f"model.{name}" for name in ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads")),
+    *(f"model.{name}" for name in ("num_query_groups", "kv_channels", "seq_length", "vocab_size")),
+    *(f"dataset.{name}" for name in ("data_path", "blend", "dataset_root", "split", "seq_length", "random_seed")),
+    "tokenizer.tokenizer_model",
+    "tokenizer.vocab_size",
+)
+"""The model's shape and the data a checkpoint was trained on, compared where both the checkpoint and this run set
+them: Bridge's set-up fills in what a recipe leaves unset (``kv_channels``, the data ``blend``), so a field unset on
+either side says nothing. Its other derived fields (init methods, dtypes) are not compared."""
+
+
+def _by_last_part(value: Any) -> Any:
+    """Paths by their last part, also inside lists (Bridge's ``blend``: ``[[path, ...], weights]``)."""
+    if isinstance(value, list):
+        return [_by_last_part(item) for item in value]
+    return os.path.basename(value.rstrip("/")) or value if isinstance(value, str) and "/" in value else value
 
 
 def check_bridge_resume(config: Any) -> None:
     """``CheckpointMismatchError`` naming each difference when ``checkpoint.load`` holds a Bridge checkpoint (its
-    tracker names an iteration) whose ``run_config.yaml`` records other ``BRIDGE_RESUME_SETTINGS``: Bridge would
-    resume from it whatever it was trained with. Paths count by their last part, so a moved folder resumes."""
+    tracker names an iteration) whose ``run_config.yaml`` records other ``BRIDGE_RESUME_SETTINGS`` or another model
+    shape or data (``BRIDGE_RESUME_SHAPE``): Bridge would resume from it whatever it was trained with. Paths count
+    by their last part, so a moved folder resumes."""
     import yaml
 
     from nemo_noise_plugin.jobs.cpu.checkpoint import CheckpointMismatchError, run_settings, setting_differences
@@ -116,8 +149,14 @@ def check_bridge_resume(config: Any) -> None:
         saved = run_settings(yaml.safe_load(stream) or {})
     current = run_settings(config)
 
+    both = {key for key in BRIDGE_RESUME_SHAPE if saved.get(key) is not None and current.get(key) is not None}
+
     def chosen(settings: dict[str, Any]) -> dict[str, Any]:
-        return {key: value for key, value in settings.items() if key.startswith(BRIDGE_RESUME_SETTINGS)}
+        return {
+            key: _by_last_part(value)
+            for key, value in settings.items()
+            if key.startswith(BRIDGE_RESUME_SETTINGS) or key in both
+        }
 
     differences = setting_differences(chosen(saved), chosen(current))
     if differences:
@@ -131,7 +170,8 @@ def check_bridge_resume(config: Any) -> None:
 def check_run_settings(
     config: Any, *, world_size: int | None = None, dry: bool = False, folders_here: bool = True
 ) -> None:
-    """Check what Megatron would find only after start-up; ``ValueError`` naming the setting, the value and what is
+    """Check what Megatron would find only after start-up, and a noise level the model's build would refuse (its
+    noise overflows the dtype: ``noise.bounds``); ``ValueError`` naming the setting, the value and what is
     allowed. Creates ``checkpoint.save`` (checked writable) and keeps a dataset path with spaces whole.
 
     A dry run or a launcher checks the same settings: ``world_size`` is the run's number of ranks (default:
@@ -169,6 +209,11 @@ def check_run_settings(
         if size is not None and not _positive_int(size):  # 0 layers trained nothing, then divided by zero
             raise ValueError(f"model.{name}={size!r} is invalid: expected an integer >= 1.")
     _check_sizes(config)
+    noise = getattr(model, "noise", None)
+    if noise is not None and _positive_int(getattr(model, "hidden_size", None)):  # what the model's build refuses
+        from nemo_noise_plugin.noise.bounds import check_noise_fits
+
+        check_noise_fits(noise, model.hidden_size, getattr(model, "params_dtype", None))
     seq_length = getattr(model, "seq_length", None)
     if seq_length is not None and not _positive_int(seq_length):
         raise ValueError(f"model.seq_length={seq_length!r} is invalid: expected an integer >= 1.")

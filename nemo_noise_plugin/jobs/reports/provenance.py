@@ -3,6 +3,7 @@
 ``run_provenance`` reads a Megatron-Bridge ``ConfigContainer`` and returns one JSON-able dict: the recipe, the
 plugin's version, the whole resolved config (Bridge's own ``ConfigContainer.to_dict``) and its sha256, the noise
 mechanism and its level (or ``off``), the steps, the seeds and the sha256 of each data file the run reads.
+The commit of a source checkout (``source_commit``) and the command line name the code and the call behind it.
 The report writers (``artifacts.RunReport``, the robustness and task reports, the privacy-audit callback) put it
 under ``provenance`` in every report JSON, and figure titles come from it (``run_title``), so a title never names a
 noise level the run did not train with.
@@ -12,20 +13,38 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import importlib.metadata
 import json
 import math
 import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["config_dict", "config_sha256", "data_files", "file_sha256", "noise_setting", "plugin_version"]
+__all__ = [
+    "command_line",
+    "config_dict",
+    "config_sha256",
+    "data_files",
+    "file_sha256",
+    "level_field",
+    "noise_setting",
+    "plugin_version",
+    "source_commit",
+]
 __all__ += ["compact_provenance", "run_provenance", "run_title"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 """Memory addresses in a ``repr``: removed, so the config hash is the same in every process."""
+
+
+_CHECKOUT = Path(__file__).resolve().parents[3]
+"""The folder above the package: a source checkout's root (``.git``, ``pyproject.toml``) when it is one."""
 
 
 def plugin_version() -> str:
@@ -33,9 +52,33 @@ def plugin_version() -> str:
     try:
         return importlib.metadata.version("nemo-noise-plugin")
     except importlib.metadata.PackageNotFoundError:
-        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        pyproject = _CHECKOUT / "pyproject.toml"
         found = re.search(r'^version = "([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
         return found.group(1) if found else "unknown"
+
+
+@functools.cache
+def source_commit() -> dict[str, Any] | None:
+    """The git commit of the plugin's source checkout and whether its tracked files differ from it
+    (``{"commit": "c1007c1...", "modified": False}``); None outside a git checkout (an installed wheel) or without
+    git. The version alone does not name the code: it stays 0.1.0 across every commit of a checkout."""
+    if not (_CHECKOUT / ".git").exists():
+        return None
+    try:
+        commit, status = (
+            subprocess.run(
+                ["git", "-C", str(_CHECKOUT), *arguments], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+            for arguments in (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit.strip(), "modified": bool(status.strip())}
+
+
+def command_line() -> str:
+    """This process's command line as the shell would take it again (``sys.orig_argv``, quoted)."""
+    return shlex.join(sys.orig_argv)
 
 
 def _json_value(value: Any) -> Any:
@@ -132,19 +175,23 @@ def noise_setting(noise: Any) -> dict[str, Any]:
     scaling); ``{"mechanism": "off", "level": "off"}`` when ``noise`` is None, disabled or of zero magnitude."""
     if noise is None or not noise.is_active_configuration:
         return {"mechanism": "off", "level": "off"}
-    from nemo_noise_plugin.noise.families import noise_family
-
-    family = noise_family(noise.mechanism)
-    field = family.magnitude_field
-    if family.length_scaled and noise.scaling == "embedding_distance":
-        field = "distance_multiple"
+    field = level_field(noise)
     return {"mechanism": noise.mechanism, "level": {"field": field, "value": getattr(noise, field)}}
+
+
+def level_field(noise: Any) -> str:
+    """The field that sets the level of ``noise`` (a ``NoiseConfig``): its family's ``magnitude_field``, or
+    ``distance_multiple`` under ``embedding_distance`` scaling, where alpha and sigma are not used."""
+    from nemo_noise_plugin.noise.bounds import noise_setting as level_setting
+
+    return level_setting(noise)[0]
 
 
 def run_provenance(config: Any, recipe_name: str | None = None) -> dict[str, Any]:
     """What the run of ``config`` (a resolved Bridge ``ConfigContainer``) was, as JSON-able data.
 
-    Keys: ``recipe``, ``plugin_version``, ``mechanism`` and ``level`` (``noise_setting``), ``train_iters``,
+    Keys: ``recipe``, ``plugin_version``, ``source`` (``source_commit``), ``command_line``, ``mechanism`` and
+    ``level`` (``noise_setting``), ``train_iters``,
     ``global_batch_size``, ``seeds`` (``rng``: ``rng.seed``, ``noise``: the noise's seed, ``dataset``: the dataset's
     seed), ``data_files`` (``data_files``), ``config_sha256`` and ``config`` (``config_dict``). Example::
 
@@ -161,6 +208,8 @@ def run_provenance(config: Any, recipe_name: str | None = None) -> dict[str, Any
     return {
         "recipe": recipe_name,
         "plugin_version": plugin_version(),
+        "source": source_commit(),
+        "command_line": command_line(),
         **noise_setting(noise),
         "train_iters": int(config.train.train_iters),
         "global_batch_size": int(config.train.global_batch_size),

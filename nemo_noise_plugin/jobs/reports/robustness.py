@@ -26,7 +26,7 @@ from nemo_noise_plugin.distillation.teacher import build_clean_teacher
 from nemo_noise_plugin.jobs.batches import collate, recipe_datasets
 from nemo_noise_plugin.jobs.cpu.parallel import causal_attention_mask
 from nemo_noise_plugin.jobs.reports.artifacts import RunReport
-from nemo_noise_plugin.jobs.reports.provenance import describe_report, run_title
+from nemo_noise_plugin.jobs.reports.provenance import describe_report, level_field, run_title
 from nemo_noise_plugin.jobs.reports.robustness_statistics import (
     CONFIDENCE,
     CONTROL,
@@ -50,17 +50,18 @@ HELD_OUT_BATCHES = 16
 
 
 def scale_field(noise: NoiseConfig) -> str:
-    """The noise level a sweep varies: the mechanism's own magnitude field (``1/eta``, ``1/epsilon`` for the privacy
-    mechanisms, whose fields grow as the noise shrinks), so every sweep's axis grows with the noise."""
+    """The noise level a sweep varies: the field that sets the level (``provenance.level_field``: the mechanism's
+    magnitude field, ``distance_multiple`` under ``embedding_distance`` scaling; ``1/eta``, ``1/epsilon`` for the
+    privacy mechanisms, whose fields grow as the noise shrinks), so every sweep's axis grows with the noise."""
     family = noise_family(noise.mechanism)
-    field = family.magnitude_field
+    field = level_field(noise)
     return f"1/{field}" if family.larger_is_quieter else field
 
 
 def trained_scale(noise: NoiseConfig) -> float:
     """The noise level of ``noise`` on the ``scale_field`` axis (the field's default when noise is off or zero)."""
     family = noise_family(noise.mechanism)
-    field = family.magnitude_field
+    field = level_field(noise)
     value = getattr(noise, field) if noise.enabled else None
     if not value:
         value = getattr(NoiseConfig(), field) or 1.0
@@ -75,7 +76,7 @@ def sweep_scales(noise: NoiseConfig, multiples: Sequence[float] = REPORT_MULTIPL
 def noise_at_scale(noise: NoiseConfig, scale: float, seed: int = 777) -> NoiseConfig:
     """``noise`` at level ``scale`` on its ``scale_field`` axis (0: off), on in eval mode, with a fixed seed."""
     family = noise_family(noise.mechanism)
-    field = family.magnitude_field
+    field = level_field(noise)
     common = dict(training_only=False, seed=seed, schedule="constant", warmup_steps=0)
     if scale == 0:
         return dataclasses.replace(noise, enabled=False, **common)

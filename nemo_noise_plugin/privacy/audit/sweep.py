@@ -30,7 +30,7 @@ from nemo_noise_plugin.privacy.audit.search import (
     median_nearest_neighbour_distance,
 )
 from nemo_noise_plugin.privacy.ledger import Guarantee, privacy_ledger
-from nemo_noise_plugin.validation import check_choice, check_int
+from nemo_noise_plugin.validation import SettingError, check_choice, check_int
 
 __all__ = [
     "STANDARD_SWEEPS",
@@ -126,6 +126,11 @@ def parse_sweeps(text: str, mechanism: str) -> list[Sweep]:
                 "(e.g. alpha:1,5,10 or metric_dp/eta:100,10), parts separated by ';', or 'standard'."
             )
         sweeps.append(Sweep(sweep_mechanism.strip(), field.strip(), levels))
+    seen = [(sweep.mechanism, sweep.field, level) for sweep in sweeps for level in sweep.levels]
+    repeated = sorted({entry for entry in seen if seen.count(entry) > 1})
+    if repeated:  # each level once: a repeat only wrote the same rows twice
+        shown = ", ".join(f"{mechanism}/{field}:{level:g}" for mechanism, field, level in repeated)
+        raise SettingError("sweep", text, "each level once", why=f": {shown} is given more than once")
     return sweeps
 
 
