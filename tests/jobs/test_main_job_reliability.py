@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -39,10 +40,12 @@ def _latest(output_dir) -> tuple[str, dict]:
 
 def _same_run(report: dict) -> dict:
     """A report as two runs of the same settings in different folders must agree on it: every number bit for bit and
-    what ran (the provenance without the folder-dependent config body, its hash and the data files' paths)."""
+    what ran (the provenance without the folder-dependent config body, its hash, the data files' paths and the
+    command line's output folder)."""
     provenance = dict(report["provenance"])
     for folder_dependent in ("config", "config_sha256"):
         provenance.pop(folder_dependent)
+    provenance["command_line"] = re.sub(r"--output-dir \S+", "--output-dir DIR", provenance["command_line"])
     provenance["data_files"] = sorted(provenance["data_files"].values())  # the hashes; the paths name the folder
     return {**report, "provenance": provenance}
 
