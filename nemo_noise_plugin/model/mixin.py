@@ -66,6 +66,7 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
             noise_config,
             sequence_parallel=bool(self.config.sequence_parallel),
             pg_collection=getattr(self, "pg_collection", None),
+            defer_finite_check=True,
         )
         self.noise_clock = NoiseClock()
         self._noise_inputs = NoiseBatchInputs()

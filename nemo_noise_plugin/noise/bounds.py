@@ -11,7 +11,11 @@ noise scales with each token's own embedding and is not bounded here.
 
 ``check_noised_finite`` is the run-time guard for what no bound foresees: once per iteration (microbatch 0) the
 noise layer checks the largest magnitude of the noised embeddings (one reduction), and a non-finite one raises the
-same ``SettingError`` naming the setting instead of training on NaN.
+same ``SettingError`` naming the setting instead of training on NaN. Reading that answer on the host waits for the
+GPU, which a training step must not do (the host would stop queueing kernels ahead); ``DeferredFiniteCheck``, the
+training model's guard, copies the answer into pinned host memory without waiting and reads it once the GPU has
+passed that point (at the next iteration's check), raising the same error naming the iteration it happened at. On
+the CPU, and for the audit and serving calls that use the layer once, the check is immediate.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.sampling import unit_sampler
 from nemo_noise_plugin.validation import SettingError
 
-__all__ = ["check_noise_fits", "check_noised_finite", "noise_norm_bound", "noise_setting"]
+__all__ = ["DeferredFiniteCheck", "check_noise_fits", "check_noised_finite", "noise_norm_bound", "noise_setting"]
 
 _MARGIN = 2.0
 """A noise norm up to twice its typical value (the norm of ``d`` i.i.d. units concentrates far closer)."""
@@ -84,16 +88,75 @@ def check_noise_fits(config: Any, hidden_size: int, dtype: torch.dtype | None = 
     )
 
 
-def check_noised_finite(config: Any, noised: torch.Tensor, clean: torch.Tensor, iteration: int) -> None:
-    """``SettingError`` naming the noise level when ``noised`` holds inf or NaN although ``clean`` does not (one
-    reduction each; call once per iteration)."""
-    if bool(torch.isfinite(noised.detach().abs().amax())) or not bool(torch.isfinite(clean.detach().abs().amax())):
-        return
+def _overflowed(noised: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """0-d bool on ``noised``'s device: ``noised`` holds inf or NaN although ``clean`` does not (one reduction each)."""
+    return ~torch.isfinite(noised.detach().abs().amax()) & torch.isfinite(clean.detach().abs().amax())
+
+
+def _overflow_error(config: Any, iteration: int) -> SettingError:
     field, value = noise_setting(config)
-    raise SettingError(
+    return SettingError(
         f"NoiseConfig.{field}",
         value,
         "a noise level whose noised embeddings stay finite",
         context=f" with mechanism={config.mechanism!r}",
         why=f": at iteration {iteration} they hold inf or NaN; training stopped",
     )
+
+
+def check_noised_finite(config: Any, noised: torch.Tensor, clean: torch.Tensor, iteration: int) -> None:
+    """``SettingError`` naming the noise level when ``noised`` holds inf or NaN although ``clean`` does not (one
+    reduction each, read on the host at once: a GPU sync; call once per iteration)."""
+    if bool(_overflowed(noised, clean)):
+        raise _overflow_error(config, iteration)
+
+
+class DeferredFiniteCheck:
+    """``check_noised_finite`` without a host sync on the GPU: the answer is read one check later.
+
+    ``check`` first raises for any earlier iteration whose answer has arrived (``torch.cuda.Event.query``, which never
+    waits), then queues this iteration's: the reduction, a non-blocking copy into pinned host memory and an event.
+    By the next iteration's check the GPU has long passed the event, so a run stops one iteration after the overflow,
+    naming the iteration it happened at. CPU tensors are checked at once. A copy (``copy.deepcopy``: the distillation
+    teacher, the schedule plan) starts with nothing queued; CUDA events do not copy.
+    """
+
+    def __init__(self) -> None:
+        self._queued: list[tuple[int, torch.Tensor, Any]] = []
+
+    def __deepcopy__(self, memo: dict) -> DeferredFiniteCheck:
+        return DeferredFiniteCheck()
+
+    def __getstate__(self) -> dict:
+        return {"_queued": []}
+
+    def check(self, config: Any, noised: torch.Tensor, clean: torch.Tensor, iteration: int) -> None:
+        """Raise for an arrived answer that overflowed, then queue (GPU) or run (CPU) this iteration's check."""
+        self.raise_arrived(config)
+        if not noised.is_cuda:
+            check_noised_finite(config, noised, clean, iteration)
+            return
+        answer = torch.empty((), dtype=torch.bool, pin_memory=True)
+        answer.copy_(_overflowed(noised, clean), non_blocking=True)
+        arrived = torch.cuda.Event()
+        arrived.record()
+        self._queued.append((iteration, answer, arrived))
+
+    def raise_arrived(self, config: Any) -> None:
+        """``SettingError`` for the first queued iteration whose answer has arrived and overflowed; the arrived
+        answers leave the queue. Never waits for the GPU."""
+        waiting = []
+        overflowed_at = None
+        for iteration, answer, arrived in self._queued:
+            if not arrived.query():
+                waiting.append((iteration, answer, arrived))
+            elif bool(answer) and overflowed_at is None:
+                overflowed_at = iteration
+        self._queued = waiting
+        if overflowed_at is not None:
+            raise _overflow_error(config, overflowed_at)
+
+    @property
+    def queued_iterations(self) -> list[int]:
+        """The iterations whose answers have not been read yet."""
+        return [iteration for iteration, _, _ in self._queued]

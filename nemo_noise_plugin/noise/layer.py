@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nemo_noise_plugin.noise.bounds import check_noised_finite
+from nemo_noise_plugin.noise.bounds import DeferredFiniteCheck, check_noised_finite
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import (
@@ -44,14 +44,18 @@ class EmbeddingNoise:
         sequence_parallel: bool,
         pg_collection: Any | None,
         megatron_groups: bool = True,
+        defer_finite_check: bool = False,
     ) -> None:
         """``pg_collection`` gives the tp/cp/dp groups; a group it lacks comes from Megatron's ``parallel_state``
         when ``megatron_groups`` (a model's layer), else none: one process holding the whole global batch (the
-        privacy audit, which must not pick up the groups of a parallel job it runs in)."""
+        privacy audit, which must not pick up the groups of a parallel job it runs in). ``defer_finite_check``
+        (a training model's layer) reads the once-per-iteration finiteness check without a GPU sync, one
+        iteration late (``noise.bounds.DeferredFiniteCheck``); otherwise it is read at once."""
         self.config = config
         self.sequence_parallel = sequence_parallel
         self.pg_collection = pg_collection
         self.megatron_groups = megatron_groups
+        self.finite_check = DeferredFiniteCheck() if defer_finite_check else None
 
     def _group(self, name: str) -> Any:
         group = getattr(self.pg_collection, name, None) if self.pg_collection is not None else None
@@ -114,6 +118,8 @@ class EmbeddingNoise:
             sample_index=sample_index,
             iteration=clock.iteration,
         )
-        if clock.microbatch == 0:  # once per iteration: one reduction
+        if clock.microbatch == 0 and self.finite_check is not None:  # once per iteration, read without a GPU sync
+            self.finite_check.check(self.config, noised, decoder_input, clock.iteration)
+        elif clock.microbatch == 0:  # once per iteration: one reduction
             check_noised_finite(self.config, noised, decoder_input, clock.iteration)
         return noised, selected

@@ -3,13 +3,15 @@ finding 5): when the model is built (``make_noisy``, every provider), in an audi
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 
 import pytest
 import torch
 
 from nemo_noise_plugin.model import make_noisy
-from nemo_noise_plugin.noise.bounds import check_noise_fits, noise_norm_bound
+from nemo_noise_plugin.noise.bounds import DeferredFiniteCheck, check_noise_fits, noise_norm_bound
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.layer import EmbeddingNoise, NoiseBatchInputs
 from nemo_noise_plugin.noise.schedule import NoiseClock
@@ -64,6 +66,31 @@ def test_a_run_whose_noised_embeddings_are_not_finite_stops_naming_the_setting()
         "NoiseConfig.relative_scale=3e+38 is invalid with mechanism='relative': expected a noise level whose noised "
         "embeddings stay finite: at iteration 7 they hold inf or NaN; training stopped."
     )
+
+
+def test_the_training_models_layer_defers_the_check_and_still_stops_at_once_on_the_cpu(megatron_cpu):
+    """The model's layer reads the check without a GPU sync (``DeferredFiniteCheck``); CPU tensors need no
+    deferral, so a CPU run stops at the iteration itself, as before."""
+    model = make_noisy(build_tiny_gpt(), NoiseConfig(mechanism="relative", relative_scale=3e38))
+    assert isinstance(model.noise_layer.finite_check, DeferredFiniteCheck)
+    embedded = torch.full((4, 2, model.config.hidden_size), 10.0)
+    batch = NoiseBatchInputs(loss_mask=torch.ones(2, 4), input_ids=torch.ones(2, 4, dtype=torch.long))
+    clock = NoiseClock()
+    clock.start_iteration(3)
+    with pytest.raises(SettingError, match="at iteration 3 they hold inf or NaN; training stopped"):
+        model.noise_layer(embedded, batch, clock)
+    assert model.noise_layer.finite_check.queued_iterations == []
+
+
+def test_a_copied_layer_gets_its_own_empty_deferred_check():
+    """The distillation teacher is a deep copy of the student: CUDA events do not copy, and a copy owes no checks."""
+    layer = EmbeddingNoise(NoiseConfig(), sequence_parallel=False, pg_collection=None, defer_finite_check=True)
+    copied = copy.deepcopy(layer)
+    restored = pickle.loads(pickle.dumps(layer))
+    for other in (copied, restored):
+        assert isinstance(other.finite_check, DeferredFiniteCheck) and other.finite_check is not layer.finite_check
+        assert other.finite_check.queued_iterations == []
+    assert EmbeddingNoise(NoiseConfig(), sequence_parallel=False, pg_collection=None).finite_check is None
 
 
 def test_an_audit_sweep_refuses_a_level_that_would_write_nan_rows():
