@@ -65,9 +65,11 @@ def test_plugin_and_plain_start_from_the_same_loss(results):
 def test_the_sdpa_runners_train_as_the_unfused_ones(results):
     """The SDPA core attention changes how attention is computed, not what: the same losses at every step."""
     found, _ = results
-    assert found["plugin_on_sdpa"]["core_attention"] == found["plugin_off_sdpa"]["core_attention"] == [
-        "SDPADotProductAttention"
-    ]
+    assert (
+        found["plugin_on_sdpa"]["core_attention"]
+        == found["plugin_off_sdpa"]["core_attention"]
+        == ["SDPADotProductAttention"]
+    )
     assert found["plugin_on"]["core_attention"] == ["DotProductAttention"]
     assert found["plain"]["core_attention"] == []
     assert found["plugin_off_sdpa"]["losses"] == pytest.approx(found["plugin_off"]["losses"][:2], rel=1e-4)
