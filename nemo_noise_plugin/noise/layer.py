@@ -118,8 +118,7 @@ class EmbeddingNoise:
             sample_index=sample_index,
             iteration=clock.iteration,
         )
-        if clock.microbatch == 0 and self.finite_check is not None:  # once per iteration, read without a GPU sync
-            self.finite_check.check(self.config, noised, decoder_input, clock.iteration)
-        elif clock.microbatch == 0:  # once per iteration: one reduction
-            check_noised_finite(self.config, noised, decoder_input, clock.iteration)
+        if clock.microbatch == 0:  # once per iteration: one reduction (read without a GPU sync where deferred)
+            check = check_noised_finite if self.finite_check is None else self.finite_check.check
+            check(self.config, noised, decoder_input, clock.iteration)
         return noised, selected

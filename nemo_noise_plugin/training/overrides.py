@@ -30,7 +30,7 @@ from nemo_noise_plugin.training.override_messages import (
     unknown_key,
 )
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
-from nemo_noise_plugin.validation import SettingError, is_finite_number
+from nemo_noise_plugin.validation import SettingError, check_choice, is_finite_number
 from nemo_noise_plugin.yaml_files import YAMLInputError, load_yaml_file
 
 __all__ = [
@@ -127,10 +127,10 @@ def validate_plugin_settings(config: Any) -> None:
     if attention is not None:
         from nemo_noise_plugin.model.sdpa_attention import CORE_ATTENTION
 
-        if attention not in CORE_ATTENTION:
-            raise ConfigOverrideError(
-                f"model.core_attention={attention!r} is invalid: expected one of {', '.join(CORE_ATTENTION)}."
-            )
+        try:
+            check_choice("model.core_attention", attention, CORE_ATTENTION)  # the provider's finalize check
+        except SettingError as refused:
+            raise ConfigOverrideError(str(refused)) from None
 
 
 def _config_file_values(config: Any, path: str | os.PathLike[str]) -> dict:
