@@ -69,8 +69,7 @@ def build_tiny_gpt(
         max_sequence_length=max_sequence_length,
         pre_process=pre_process,
         post_process=post_process,
-        position_embedding_type="rope",
-        **model_kwargs,
+        **{"position_embedding_type": "rope", **model_kwargs},
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from megatron.core.utils import WrappedTensor
 
+from nemo_noise_plugin.model.noised_lookup import lookup_fusion_blocker
 from nemo_noise_plugin.noise.bounds import check_noise_fits
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.denoise import denoise_noised
@@ -43,6 +44,10 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
     the model is built. ``noise_clock`` says which (iteration, microbatch) the next noised forward belongs to; a
     training loop that knows its iteration calls ``noise_clock.start_iteration(iteration)`` at each step.
     """
+
+    fuse_noise_into_lookup: bool = True
+    """Add the noise where the embedding rows are looked up, in one pass, when the embedding allows it
+    (``model/noised_lookup.py``: the same values and gradients); False always noises the embedding's output."""
 
     NOISE_ATTRIBUTES: tuple[str, ...] = ("noise_config", "noise_layer", "noise_clock", "_noise_inputs", "projected_ids")
     """Instance attributes ``init_noise`` sets (``make_plain`` removes them)."""
@@ -138,8 +143,17 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
             return super().forward(*args, loss_mask=loss_mask, **kwargs)
 
     def _preprocess(self, input_ids: torch.Tensor, position_ids: torch.Tensor, decoder_input=None, **kwargs):
-        """The base ``_preprocess``, with noise added to the embedding output it returns."""
+        """The base ``_preprocess``, with noise added to the embedding output it returns (or, where the embedding is
+        the lookup alone, the base ``_preprocess`` of the lookup made with the noise in one pass)."""
         caller_supplied_input = decoder_input is not None
+        if (
+            not caller_supplied_input
+            and self.pre_process
+            and self.noise_active
+            and lookup_fusion_blocker(self, kwargs.get("inference_context")) is None
+        ):
+            noised = self._noised_lookup(input_ids, kwargs.get("padding_mask"), kwargs.get("packed_seq_params"))
+            return super()._preprocess(input_ids=input_ids, position_ids=position_ids, decoder_input=noised, **kwargs)
         output = super()._preprocess(
             input_ids=input_ids, position_ids=position_ids, decoder_input=decoder_input, **kwargs
         )
@@ -165,14 +179,7 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
 
         For model classes whose decoder input is not produced by a base ``_preprocess`` (``NoisyHybridModel``).
         """
-        handed = self._noise_inputs
-        batch = NoiseBatchInputs(
-            loss_mask=handed.loss_mask,
-            padding_mask=_first_given(padding_mask, handed.padding_mask),
-            input_ids=input_ids,
-            packed_seq_params=_first_given(packed_seq_params, handed.packed_seq_params),
-            private_mask=handed.private_mask,
-        )
+        batch = self._noise_batch(input_ids, padding_mask, packed_seq_params)
         if self.noise_config.projection == "none":
             noised = self.noise_layer(embedded, batch, self.noise_clock)
         else:  # nearest-row projection or posterior mean of the noised tokens (noise/projection.py, denoise.py)
@@ -183,3 +190,23 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
         if self.training:
             self.noise_clock.advance()
         return noised
+
+    def _noised_lookup(self, input_ids: torch.Tensor, padding_mask: Any, packed_seq_params: Any) -> torch.Tensor:
+        """The decoder input made by the lookup with the noise in one pass; advances the clock in training."""
+        batch = self._noise_batch(input_ids, padding_mask, packed_seq_params)
+        weight = self.embedding.word_embeddings.weight
+        noised = self.noise_layer.noised_lookup(weight, input_ids, batch, self.noise_clock)
+        if self.training:
+            self.noise_clock.advance()
+        return noised
+
+    def _noise_batch(self, input_ids: torch.Tensor, padding_mask: Any, packed_seq_params: Any) -> NoiseBatchInputs:
+        """The noise layer's batch inputs: the forward's own first, then the handed-over ones."""
+        handed = self._noise_inputs
+        return NoiseBatchInputs(
+            loss_mask=handed.loss_mask,
+            padding_mask=_first_given(padding_mask, handed.padding_mask),
+            input_ids=input_ids,
+            packed_seq_params=_first_given(packed_seq_params, handed.packed_seq_params),
+            private_mask=handed.private_mask,
+        )

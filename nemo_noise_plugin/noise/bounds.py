@@ -88,9 +88,16 @@ def check_noise_fits(config: Any, hidden_size: int, dtype: torch.dtype | None = 
     )
 
 
+def _all_finite(values: torch.Tensor) -> torch.Tensor:
+    """0-d bool: no inf or NaN in ``values`` (one min-max reduction, NaN propagating; no copy of ``values``)."""
+    low, high = torch.aminmax(values.detach())
+    return torch.isfinite(low) & torch.isfinite(high)
+
+
 def _overflowed(noised: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """0-d bool on ``noised``'s device: ``noised`` holds inf or NaN although ``clean`` does not (one reduction each)."""
-    return ~torch.isfinite(noised.detach().abs().amax()) & torch.isfinite(clean.detach().abs().amax())
+    """0-d bool on ``noised``'s device: ``noised`` holds inf or NaN although ``clean`` does not (one reduction each;
+    ``clean`` may be the embedding table the noised rows were looked up from)."""
+    return ~_all_finite(noised) & _all_finite(clean)
 
 
 def _overflow_error(config: Any, iteration: int) -> SettingError:

@@ -22,7 +22,7 @@ from nemo_noise_plugin.noise.geometry import (
     global_sample_indices,
     token_geometry,
 )
-from nemo_noise_plugin.noise.mechanisms import apply_noise, selected_tokens
+from nemo_noise_plugin.noise.mechanisms import apply_noise, lookup_with_configured_noise, selected_tokens
 from nemo_noise_plugin.noise.schedule import NoiseClock, schedule_factor
 from nemo_noise_plugin.utils import group_rank, group_size
 
@@ -83,17 +83,22 @@ class EmbeddingNoise:
 
     def geometry(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, layout: LocalLayout) -> TokenGeometry:
         """Global positions, real-token mask, lengths and response (or private-span) mask of the local tokens."""
+        return self._geometry(decoder_input.size(0), decoder_input.size(1), decoder_input.device, batch, layout)
+
+    def _geometry(
+        self, rows: int, batch_size: int, device: torch.device, batch: NoiseBatchInputs, layout: LocalLayout
+    ) -> TokenGeometry:
         config = self.config
         return token_geometry(
-            decoder_input.size(0),
-            decoder_input.size(1),
+            rows,
+            batch_size,
             batch,
             layout,
             self._group("cp"),
             need_lengths=noise_family(config.mechanism).length_scaled and config.scaling == "true_length",
             need_response=config.tokens in ("prompt", "response"),
             need_private=config.tokens == "spans",
-            device=decoder_input.device,
+            device=device,
         )
 
     def __call__(self, decoder_input: torch.Tensor, batch: NoiseBatchInputs, clock: NoiseClock) -> torch.Tensor:
@@ -118,7 +123,36 @@ class EmbeddingNoise:
             sample_index=sample_index,
             iteration=clock.iteration,
         )
-        if clock.microbatch == 0:  # once per iteration: one reduction (read without a GPU sync where deferred)
-            check = check_noised_finite if self.finite_check is None else self.finite_check.check
-            check(self.config, noised, decoder_input, clock.iteration)
+        self._check_finite(noised, decoder_input, clock)
         return noised, selected
+
+    def noised_lookup(
+        self, weight: torch.Tensor, input_ids: torch.Tensor, batch: NoiseBatchInputs, clock: NoiseClock
+    ) -> torch.Tensor:
+        """``self(F.embedding(input_ids, weight).transpose(0, 1), batch, clock)`` with the lookup and the noise in one
+        pass (``noise.mechanisms.lookup_with_configured_noise``): ``[b, s]`` ids of the local tokens (no sequence
+        parallelism: the rows of the ``[s, b, h]`` output are the ids' columns), a mechanism whose noise is
+        independent of the input. Gradients flow to ``weight`` as the lookup's."""
+        layout = self.layout()
+        if layout.sp_size != 1:
+            raise ValueError("noised_lookup needs the whole local sequence: sequence parallelism scatters it.")
+        micro_batch_size, rows = input_ids.shape
+        geometry = self._geometry(rows, micro_batch_size, weight.device, batch, layout)
+        noised = lookup_with_configured_noise(
+            weight,
+            input_ids,
+            self.config,
+            factor=schedule_factor(self.config, clock.iteration),
+            selected=selected_tokens(self.config, geometry, input_ids),
+            geometry=geometry,
+            sample_index=global_sample_indices(micro_batch_size, clock.microbatch, layout, weight.device),
+            iteration=clock.iteration,
+        )
+        self._check_finite(noised, weight, clock)  # a finite table: finite looked-up rows
+        return noised
+
+    def _check_finite(self, noised: torch.Tensor, clean: torch.Tensor, clock: NoiseClock) -> None:
+        """Once per iteration (microbatch 0): one reduction, read without a GPU sync where deferred."""
+        if clock.microbatch == 0:
+            check = check_noised_finite if self.finite_check is None else self.finite_check.check
+            check(self.config, noised, clean, clock.iteration)

@@ -6,6 +6,9 @@ sampler (``UNIT_SAMPLERS``), ``noise_scale`` the row's ``token_scale`` (times th
 ``input_scale`` the clip factor of clipping families. The formulas are in ``NoiseConfig``'s docstring. Per-token
 statistics of ``x`` (norm, RMS) are taken without gradient: like the noise, clipping and relative scales are
 constants to the backward pass.
+
+``lookup_with_configured_noise`` draws the same noise onto an embedding lookup in one pass, for the mechanisms whose
+noise does not depend on the embedding values (``noise_independent_of_input``: no clipping, not relative).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import torch
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.geometry import TokenGeometry
-from nemo_noise_plugin.noise.sampling import add_noise
+from nemo_noise_plugin.noise.sampling import add_noise, lookup_with_noise
 
 
 def selected_tokens(config: NoiseConfig, geometry: TokenGeometry, input_ids: torch.Tensor | None) -> torch.Tensor:
@@ -70,5 +73,44 @@ def apply_noise(
         token_position=geometry.positions,
         noise_scale=scale * selected.to(torch.float32),
         input_scale=clip,
+        distribution=family.unit,
+    )
+
+
+def noise_independent_of_input(config: NoiseConfig) -> bool:
+    """Whether ``config``'s noise and scales are independent of the embedding values (no clipping, not relative):
+    then the noise can be added where the rows are looked up (``lookup_with_configured_noise``)."""
+    family = noise_family(config.mechanism)
+    return not family.clips(config) and not family.relative_to_embedding
+
+
+def lookup_with_configured_noise(
+    weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    config: NoiseConfig,
+    *,
+    factor: float,
+    selected: torch.Tensor,
+    geometry: TokenGeometry,
+    sample_index: torch.Tensor,
+    iteration: int,
+) -> torch.Tensor:
+    """``apply_noise`` of the lookup ``weight[input_ids]`` (``[b, s]`` ids, ``[s, b, h]`` out) in one pass; only for
+    mechanisms whose noise is independent of the input (``noise_independent_of_input``)."""
+    if not noise_independent_of_input(config):
+        raise ValueError(
+            f"mechanism {config.mechanism!r} with clip_norm={config.clip_norm!r} scales the noise or the input by "
+            "the embedding values: add it to the looked-up embeddings with apply_noise instead."
+        )
+    family = noise_family(config.mechanism)
+    scale = family.token_scale(config, geometry.lengths, geometry.global_length, weight.size(-1), factor)
+    return lookup_with_noise(
+        weight,
+        input_ids,
+        seed=config.seed,
+        iteration=iteration,
+        sample_index=sample_index,
+        token_position=geometry.positions,
+        noise_scale=scale * selected.to(torch.float32),
         distribution=family.unit,
     )

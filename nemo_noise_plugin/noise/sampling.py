@@ -6,7 +6,9 @@ global sample index, its per-coordinate spread, its typical norm, and whether th
 ``add_noise`` is the one operation every family reduces to: ``out = x * input_scale + noise_scale * unit`` per token,
 computed in float32 and cast back. On CUDA it dispatches to the fused Triton kernel (``noise/triton_kernel.py``: same
 Philox words, one pass over ``x``) for the units it draws; ``add_noise_reference`` is what every other path is
-tested against.
+tested against. ``lookup_with_noise`` is the same with the embedding lookup in front (``weight[input_ids]`` in
+Megatron's ``[s, b, h]`` layout, no input scale): one kernel pass from the table on CUDA, else the lookup followed by
+``add_noise_reference``.
 
 Gaussian values use Box-Muller on word pairs: words ``(w0, w1)`` of a counter give ``(r cos t, r sin t)`` with
 ``r = sqrt(-2 ln u(w0))``, ``t = 2 pi u(w1)`` and ``u`` the open-interval uniform map; ``(w2, w3)`` likewise.
@@ -33,7 +35,16 @@ from nemo_noise_plugin.noise.philox import (
     words_to_symmetric_uniform,
 )
 
-__all__ = ["UNIT_SAMPLERS", "UnitSampler", "add_noise", "add_noise_reference", "unit_noise", "unit_sampler"]
+__all__ = [
+    "UNIT_SAMPLERS",
+    "UnitSampler",
+    "add_noise",
+    "add_noise_reference",
+    "lookup_with_noise",
+    "lookup_with_noise_reference",
+    "unit_noise",
+    "unit_sampler",
+]
 
 Keys = tuple[int, int, torch.Tensor, torch.Tensor, int]
 """``(seed, iteration, samples, positions, hidden_size)``: the flat ``[n]`` global indices of a block's tokens."""
@@ -176,3 +187,23 @@ def add_noise(x: torch.Tensor, **arguments: Any) -> torch.Tensor:
         if triton_available():
             return fused_add_noise(x, **arguments)
     return add_noise_reference(x, **arguments)
+
+
+def lookup_with_noise_reference(weight: torch.Tensor, input_ids: torch.Tensor, **arguments: Any) -> torch.Tensor:
+    """``add_noise_reference`` of the lookup ``F.embedding(input_ids, weight)`` (``[b, s]`` ids) moved to
+    ``[s, b, h]`` as Megatron-Core's embedding moves it (a contiguous transposed copy); gradients flow to ``weight`` as
+    the lookup's. ``arguments`` as ``add_noise_reference``'s, less ``input_scale``."""
+    looked_up = torch.nn.functional.embedding(input_ids, weight).transpose(0, 1).contiguous()
+    return add_noise_reference(looked_up, **arguments)
+
+
+def lookup_with_noise(weight: torch.Tensor, input_ids: torch.Tensor, **arguments: Any) -> torch.Tensor:
+    """``lookup_with_noise_reference(weight, input_ids, **arguments)``; on CUDA with Triton, from the kernel reading
+    the table's rows (``fused_gather_add_noise``: the same noise bits as ``add_noise``'s kernel) when it draws the
+    unit."""
+    if weight.is_cuda and unit_sampler(arguments.get("distribution", "uniform")).kernel:
+        from nemo_noise_plugin.noise.triton_kernel import fused_gather_add_noise, triton_available
+
+        if triton_available():
+            return fused_gather_add_noise(weight, input_ids, **arguments)
+    return lookup_with_noise_reference(weight, input_ids, **arguments)

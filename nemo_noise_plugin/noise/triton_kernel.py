@@ -10,6 +10,10 @@ the same Box-Muller pairing in float32 with the hardware sine and cosine (the re
 agrees to about 1e-5 absolute. Laplace noise inverts the CDF of the same symmetric uniform, ``sign(v) * -ln(1 -
 |v|)``, with ``1 - |v|`` exact in float32 and a float32 log (the reference's log is float64): a few 1e-6.
 
+``fused_gather_add_noise`` is the same kernel reading its rows from the embedding table (``GATHER``): the lookup
+and the noise in one pass, with the same noise bits, for a model whose decoder input is the lookup itself
+(``model/noised_lookup.py``).
+
 Triton is imported lazily: this module imports on machines without Triton or CUDA, where ``triton_available()`` is
 False and callers use the torch reference.
 """
@@ -74,6 +78,9 @@ def _kernel() -> Any:
     def add_noise_kernel(
         x_ptr,
         out_ptr,
+        ids_ptr,
+        ids_stride_b,
+        ids_stride_s,
         position_ptr,
         sample_ptr,
         noise_scale_ptr,
@@ -90,9 +97,11 @@ def _kernel() -> Any:
         BLOCK_ROWS: tl.constexpr,
         BLOCK_QUADS: tl.constexpr,
         TL_PHILOX: tl.constexpr,
+        GATHER: tl.constexpr,
     ):
         # One program: BLOCK_ROWS tokens (rows of the [s * b, h] view) by 4 * BLOCK_QUADS hidden elements; one
-        # Philox call per quad gives the four words of hidden indices 4q .. 4q + 3.
+        # Philox call per quad gives the four words of hidden indices 4q .. 4q + 3. GATHER: x is the [vocab, h]
+        # embedding table and row r = (s_r, b_r) reads table row ids[b_r, s_r] (the lookup and noise in one pass).
         rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
         row_ok = rows < n_rows
         position = tl.load(position_ptr + rows // batch, mask=row_ok, other=0)
@@ -154,7 +163,14 @@ def _kernel() -> Any:
         cols = tl.program_id(1) * (4 * BLOCK_QUADS) + tl.arange(0, 4 * BLOCK_QUADS)
         offsets = rows.to(tl.int64)[:, None] * hidden + cols[None, :]
         mask = row_ok[:, None] & (cols < hidden)[None, :]
-        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        if GATHER:
+            token = tl.load(
+                ids_ptr + (rows % batch) * ids_stride_b + (rows // batch) * ids_stride_s, mask=row_ok, other=0
+            )
+            source = token.to(tl.int64)[:, None] * hidden + cols[None, :]
+        else:
+            source = offsets
+        x = tl.load(x_ptr + source, mask=mask, other=0.0).to(tl.float32)
         if HAS_INPUT_SCALE:
             x = x * tl.load(input_scale_ptr + rows, mask=row_ok, other=0.0)[:, None]
         out = x + unit * row_scale[:, None]
@@ -174,6 +190,7 @@ def launch_add_noise(
     x: torch.Tensor,
     out: torch.Tensor,
     *,
+    input_ids: torch.Tensor | None = None,
     seed: int,
     iteration: int,
     sample_index: torch.Tensor,
@@ -186,16 +203,22 @@ def launch_add_noise(
     tl_philox: bool = False,
 ) -> None:
     """Run the kernel into ``out`` (no autograd, no checks); ``config`` overrides (rows, hidden, warps) for tuning,
-    ``tl_philox`` uses ``tl.philox`` itself instead of the kernel's own (bit-identical) rounds."""
-    seq, batch, hidden = x.shape
+    ``tl_philox`` uses ``tl.philox`` itself instead of the kernel's own (bit-identical) rounds. With ``input_ids``
+    (``[b, s]``, any strides), ``x`` is a contiguous ``[vocab, h]`` embedding table and ``out`` (``[s, b, h]``) gets
+    the noised rows ``x[input_ids].transpose(0, 1)``."""
+    seq, batch, hidden = out.shape
     n_rows = seq * batch
     if n_rows == 0 or hidden == 0:
         return
     block_rows, block_hidden, num_warps = config or _default_config(hidden)
     grid = (math.ceil(n_rows / block_rows), math.ceil(hidden / block_hidden))
+    gather = input_ids is not None
     _kernel()[grid](
         x,
         out,
+        input_ids if gather else token_position,
+        input_ids.stride(0) if gather else 0,
+        input_ids.stride(1) if gather else 0,
         token_position,
         sample_index,
         noise_scale,
@@ -212,6 +235,7 @@ def launch_add_noise(
         BLOCK_ROWS=block_rows,
         BLOCK_QUADS=block_hidden // 4,
         TL_PHILOX=tl_philox,
+        GATHER=gather,
         num_warps=num_warps,
         # No multiply-add contraction: the reference rounds x * input_scale and noise_scale * unit separately.
         enable_fp_fusion=False,
@@ -273,3 +297,67 @@ def fused_add_noise(
     if input_scale is not None:
         input_scale = input_scale.to(device=device, dtype=torch.float32).expand(seq, batch).contiguous()
     return _FusedAddNoise.apply(x.contiguous(), input_scale, kwargs)
+
+
+class _FusedGatherAddNoise(torch.autograd.Function):
+    """Autograd wrapper of the lookup with noise: the weight's gradient is the plain lookup's (the noise is a
+    constant), computed by the same ``embedding_backward`` call on the same ``[b, s]`` layout as ``F.embedding``
+    followed by Megatron's ``transpose(0, 1)``, so it is bit-identical to the unfused path's."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor, input_ids: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        batch, seq = input_ids.shape
+        out = torch.empty((seq, batch, weight.size(1)), dtype=weight.dtype, device=weight.device)
+        launch_add_noise(weight, out, input_ids=input_ids, input_scale=None, **kwargs)
+        ctx.save_for_backward(input_ids)
+        ctx.vocab = weight.size(0)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (input_ids,) = ctx.saved_tensors
+        weight_grad = torch.ops.aten.embedding_backward(grad.transpose(0, 1), input_ids, ctx.vocab, -1, False, False)
+        return weight_grad, None, None
+
+
+def fused_gather_add_noise(
+    weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    *,
+    seed: int,
+    iteration: int,
+    sample_index: torch.Tensor,
+    token_position: torch.Tensor,
+    noise_scale: torch.Tensor,
+    distribution: Literal["uniform", "gaussian", "laplace"] = "uniform",
+) -> torch.Tensor:
+    """The embedding lookup with noise in one pass: ``fused_add_noise(F.embedding(input_ids, weight).transpose(0,
+    1))`` without the ``[b, s, h]`` lookup output, its transposed copy or a second pass; the same noise bits.
+
+    ``weight`` is a contiguous CUDA ``[vocab, h]`` bf16/fp16/fp32 table, ``input_ids`` int ``[b, s]`` (every id in
+    ``[0, vocab)``, as for ``F.embedding`` on the GPU); returns ``[s, b, h]``. Gradients flow to ``weight`` as the
+    plain lookup's; ``noise_scale`` is float32 ``[s, b]``.
+    """
+    if distribution not in ("uniform", "gaussian", "laplace"):
+        raise ValueError(f"distribution must be 'uniform', 'gaussian' or 'laplace', got {distribution!r}.")
+    if weight.dim() != 2 or not weight.is_cuda or weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ValueError(
+            f"weight must be a CUDA [vocab, h] bf16/fp16/fp32 tensor: {tuple(weight.shape)} {weight.dtype} "
+            f"{weight.device}."
+        )
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [b, s], got shape {tuple(input_ids.shape)}.")
+    batch, seq = input_ids.shape
+    hidden = weight.size(1)
+    if distribution == "gaussian" and hidden % 2:
+        raise ValueError(f"Gaussian noise pairs hidden elements: hidden size {hidden} must be even.")
+    device = weight.device
+    kwargs = {
+        "seed": int(seed),
+        "iteration": int(iteration),
+        "sample_index": sample_index.to(device=device, dtype=torch.int64).reshape(batch).contiguous(),
+        "token_position": token_position.to(device=device, dtype=torch.int64).reshape(seq).contiguous(),
+        "noise_scale": noise_scale.to(device=device, dtype=torch.float32).expand(seq, batch).contiguous(),
+        "distribution": distribution,
+    }
+    return _FusedGatherAddNoise.apply(weight.contiguous(), input_ids.to(device), kwargs)

@@ -193,7 +193,8 @@ def test_non_first_pipeline_stage_is_never_noised(megatron_cpu, batch):
     assert noisy.noise_step == 0
 
 
-def test_noise_applied_exactly_once_per_forward_and_not_to_mtp_embeddings(megatron_cpu, batch):
+@pytest.mark.parametrize("in_lookup", [True, False], ids=["noise_in_lookup", "noise_on_output"])
+def test_noise_applied_exactly_once_per_forward_and_not_to_mtp_embeddings(megatron_cpu, batch, in_lookup):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec, get_gpt_mtp_block_spec
 
     config = tiny_gpt_config(mtp_num_layers=1)
@@ -201,17 +202,23 @@ def test_noise_applied_exactly_once_per_forward_and_not_to_mtp_embeddings(megatr
     model = build_tiny_gpt(
         config, model_class=NoisyGPTModel, noise_config=NoiseConfig(alpha=5.0), mtp_block_spec=mtp_spec
     )
+    model.fuse_noise_into_lookup = in_lookup
     calls = []
-    original = model.noise_layer.__call__
+    layer = model.noise_layer
 
     class CountingNoise:
         def __call__(self, decoder_input, noise_batch, step):
-            calls.append(decoder_input.shape)
-            return original(decoder_input, noise_batch, step)
+            calls.append(("output", decoder_input.shape))
+            return layer(decoder_input, noise_batch, step)
+
+        def noised_lookup(self, weight, input_ids, noise_batch, step):
+            noised = layer.noised_lookup(weight, input_ids, noise_batch, step)
+            calls.append(("lookup", noised.shape))
+            return noised
 
     model.noise_layer = CountingNoise()
     _loss(model, batch).backward()
-    assert calls == [torch.Size([64, 4, HIDDEN])]
+    assert calls == [("lookup" if in_lookup else "output", torch.Size([64, 4, HIDDEN]))]
 
 
 def test_state_dict_keys_match_and_weights_load_both_ways(megatron_cpu, batch):

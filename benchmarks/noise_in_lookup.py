@@ -1,0 +1,117 @@
+"""Time the embedding lookup with the noise in one pass against the noise-off lookup and the copy floors (issue 34).
+
+On one CUDA GPU, for bf16 tables and Megatron's ``[s, b, h]`` decoder input, per call (CUDA graph of many calls over
+buffer sets larger than L2, median of replays; ``noise_kernel.time_per_call``):
+
+- ``copy``: ``out.copy_(x)`` of the output's bytes, the bandwidth floor of one read and one write;
+- ``gather``: ``F.embedding(ids.t(), table)``, the lookup written straight into ``[s, b, h]`` (the floor of a lookup);
+- ``noise_off``: Megatron-Core's noise-off embedding forward, ``F.embedding(ids, table).transpose(0, 1).contiguous()``
+  (the lookup, then the transposed copy), and ``noise_off_again``, the same measured again (the A/A control);
+- ``two_step_<family>``: today's noisy path, ``noise_off`` then ``fused_add_noise`` (a second pass);
+- ``one_pass_<family>``: ``fused_gather_add_noise``, the lookup with the noise in one kernel.
+
+Aims (issue 34, item 3): ``one_pass`` <= 1.02x ``noise_off``; every family <= 1.10x the copy floor.
+
+    python benchmarks/noise_in_lookup.py [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.noise_kernel import ALPHA, neftune_scale, time_per_call  # noqa: E402
+from nemo_noise_plugin.noise.triton_kernel import fused_add_noise, fused_gather_add_noise  # noqa: E402
+
+SHAPES = {  # name: (seq, micro-batch, hidden, vocab)
+    "SmolLM2-135M, s 128, mb 64": (128, 64, 576, 49152),
+    "Llama-3.2-1B, s 4096, mb 2": (4096, 2, 2048, 128256),
+    "Llama-3.1-8B, s 4096, mb 2": (4096, 2, 4096, 128256),
+    "Llama-3.1-70B, s 8192, mb 1": (8192, 1, 8192, 128256),
+}
+FAMILIES = ("uniform", "gaussian", "laplace")
+
+
+def bench(seq: int, batch: int, hidden: int, vocab: int) -> dict:
+    """Every method on one shape; microseconds per call."""
+    device = torch.device("cuda")
+    out_bytes = seq * batch * hidden * 2
+    n_sets = max(3, math.ceil(1.0e9 / (2 * out_bytes)))  # >= 1 GB of outputs and copy sources: far beyond L2
+    table = torch.randn(vocab, hidden, device=device, dtype=torch.bfloat16)
+    ids = [torch.randint(0, vocab, (batch, seq), device=device) for _ in range(n_sets)]
+    ids_t = [i.t().contiguous() for i in ids]
+    sources = [torch.randn(seq, batch, hidden, device=device, dtype=torch.bfloat16) for _ in range(n_sets)]
+    outs = [torch.empty_like(x) for x in sources]
+    noise = {
+        "seed": 1234,
+        "iteration": 7,
+        "sample_index": torch.arange(batch, device=device) + 1000,
+        "token_position": torch.arange(seq, device=device),
+        "noise_scale": neftune_scale(seq, batch, hidden, device),
+    }
+
+    def noise_off(i: int) -> torch.Tensor:
+        return torch.nn.functional.embedding(ids[i], table).transpose(0, 1).contiguous()
+
+    row = {
+        "shape": [seq, batch, hidden, vocab],
+        "output_bytes": out_bytes,
+        "buffer_sets": n_sets,
+        "copy": time_per_call(lambda i: lambda: outs[i].copy_(sources[i]), n_sets),
+        "gather": time_per_call(lambda i: lambda: torch.nn.functional.embedding(ids_t[i], table), n_sets),
+        "noise_off": time_per_call(lambda i: lambda: noise_off(i), n_sets),
+    }
+    for family in FAMILIES:
+        row[f"two_step_{family}"] = time_per_call(
+            lambda i, family=family: lambda: fused_add_noise(noise_off(i), distribution=family, **noise), n_sets
+        )
+        row[f"one_pass_{family}"] = time_per_call(
+            lambda i, family=family: lambda: fused_gather_add_noise(table, ids[i], distribution=family, **noise),
+            n_sets,
+        )
+    row["noise_off_again"] = time_per_call(lambda i: lambda: noise_off(i), n_sets)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write all results here")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    import triton
+
+    name = torch.cuda.get_device_name()
+    results = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "alpha": ALPHA, "rows": {}}
+    for label, shape in SHAPES.items():
+        results["rows"][label] = bench(*shape)
+        torch.cuda.empty_cache()
+    print(f"\n{name}, torch {torch.__version__}, triton {triton.__version__}; bf16 table; microseconds per call")
+    print("(x) = ratio to noise_off (Megatron's noise-off embedding forward); [c] = ratio to the copy floor\n")
+    for label, row in results["rows"].items():
+        off = row["noise_off"]
+        print(f"{label}  {tuple(row['shape'])}  {row['output_bytes'] / 1e6:.1f} MB out")
+        print(
+            f"  copy {row['copy']:.1f}  gather {row['gather']:.1f} [{row['gather'] / row['copy']:.2f}c]"
+            f"  noise_off {off:.1f} [{off / row['copy']:.2f}c]"
+            f"  noise_off_again {row['noise_off_again']:.1f} ({row['noise_off_again'] / off:.3f}x)"
+        )
+        for family in FAMILIES:
+            one, two = row[f"one_pass_{family}"], row[f"two_step_{family}"]
+            print(
+                f"  {family:>8}: one pass {one:8.1f} ({one / off:.3f}x) [{one / row['copy']:.2f}c]"
+                f"   two steps {two:8.1f} ({two / off:.3f}x) [{two / row['copy']:.2f}c]"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
