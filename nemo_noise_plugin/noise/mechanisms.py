@@ -37,8 +37,8 @@ def selected_tokens(config: NoiseConfig, geometry: TokenGeometry, input_ids: tor
                 "NoiseConfig.special_token_ids is set, but the forward call passed no input_ids to check them against."
             )
         local_ids = input_ids.reshape(input_ids.size(0), -1)[:, geometry.rows].t()
-        special = torch.isin(local_ids, torch.tensor(config.special_token_ids, device=local_ids.device))
-        selected = selected & ~special
+        for token in config.special_token_ids:  # device comparisons: a host-made id tensor would sync every step
+            selected = selected & (local_ids != token)
     return selected
 
 

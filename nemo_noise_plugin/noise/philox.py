@@ -88,11 +88,16 @@ def element_words(
     ``sample_index`` and ``token_position`` are ``[tokens]`` int64 tensors (the global indices of each row);
     the result is ``[tokens, hidden_size]`` int64 holding values in [0, 2**32).
     """
-    blocks = (hidden_size + 3) // 4
+    blocks = (hidden_size + 3) // 4  # the stream word is filled on the device: a host-made tensor would sync
     device = token_position.device
     block_index = torch.arange(blocks, dtype=torch.int64, device=device).view(1, blocks)
     words = philox4x32(
-        (block_index, token_position.view(-1, 1), sample_index.view(-1, 1), torch.tensor(stream, device=device)),
+        (
+            block_index,
+            token_position.view(-1, 1),
+            sample_index.view(-1, 1),
+            torch.full((1, 1), stream, dtype=torch.int64, device=device),
+        ),
         (seed, iteration),
     )
     return torch.stack(words, dim=-1).reshape(token_position.numel(), blocks * 4)[:, :hidden_size]

@@ -113,8 +113,12 @@ def _batch(seq: int, lengths: list[int], ids: torch.Tensor) -> NoiseBatchInputs:
 
 @pytest.mark.parametrize(
     "config",
-    [NoiseConfig(alpha=5.0), NoiseConfig(mechanism="gaussian", sigma=0.5, scaling="absolute")],
-    ids=["neftune", "gaussian"],
+    [
+        NoiseConfig(alpha=5.0),
+        NoiseConfig(mechanism="gaussian", sigma=0.5, scaling="absolute"),
+        NoiseConfig(mechanism="metric_dp", eta=50.0, special_token_ids=[0, 2]),  # the torch path: no kernel draws it
+    ],
+    ids=["neftune", "gaussian", "metric-dp-special-ids"],
 )
 def test_the_layers_noised_lookup_never_syncs_and_equals_noise_on_the_lookup(config):
     seq, batch, hidden = 128, 4, 576

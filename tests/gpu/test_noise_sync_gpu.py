@@ -42,8 +42,9 @@ def _layer(config: NoiseConfig) -> EmbeddingNoise:
         NoiseConfig(alpha=5.0),  # NEFTune, true length (the lengths come from the padding mask)
         NoiseConfig(mechanism="gaussian", sigma=0.5, scaling="absolute", tokens="prompt"),
         NoiseConfig(mechanism="metric_dp", eta=50.0),
+        NoiseConfig(mechanism="laplace", laplace_scale=0.05, special_token_ids=[0, 2]),
     ],
-    ids=["neftune", "gaussian-prompt", "metric-dp"],
+    ids=["neftune", "gaussian-prompt", "metric-dp", "laplace-special-ids"],
 )
 def test_three_iterations_of_two_microbatches_never_sync(config):
     layer = _layer(config)
