@@ -104,3 +104,21 @@ def test_an_unknown_core_attention_is_refused_at_finalize(providers):
     message = r"NoisyGPTModelProvider\.core_attention='flash' is invalid: expected one of unfused, sdpa"
     with pytest.raises(SettingError, match=message):
         _cpu_provider(providers.NoisyGPTModelProvider, core_attention="flash")
+
+
+@pytest.mark.parametrize("legacy_scope", [False, True], ids=["cuda_graph_impl", "legacy_cuda_graph_scope"])
+def test_a_full_iteration_cuda_graph_with_noise_on_is_refused_at_finalize(providers, legacy_scope):
+    """The graph would capture the noise kernel with host-integer keys: every replayed step, the same noise."""
+    from nemo_noise_plugin.validation import SettingError
+
+    graph = {"cuda_graph_scope": "full_iteration"} if legacy_scope else {"cuda_graph_impl": "full_iteration"}
+    settings = dict(graph, use_te_rng_tracker=True)
+    message = (
+        r"NoisyGPTModelProvider\.cuda_graph_impl='full_iteration' is invalid: expected 'none', 'local' or "
+        r"'transformer_engine' \(per-layer graphs\) while embedding noise is on: a full-iteration CUDA graph replays "
+        r"the captured step's noise every step"
+    )
+    with pytest.raises(SettingError, match=message):
+        _cpu_provider(providers.NoisyGPTModelProvider, **settings)
+    plain_run = _cpu_provider(providers.NoisyGPTModelProvider, noise=NoiseConfig(enabled=False), **settings)
+    assert plain_run.cuda_graph_impl == "full_iteration"

@@ -130,7 +130,8 @@ class NoiseProviderMixin:
                 UserWarning,
                 stacklevel=2,
             )
-        super().finalize()
+        super().finalize()  # TransformerConfig's checks: a legacy cuda_graph_scope="full_iteration" becomes the impl
+        check_noise_graph_mode(f"{self.provider_name}.cuda_graph_impl", self.noise, self.cuda_graph_impl)
 
     def validate_noise(self) -> None:
         """Check ``noise``: a ``NoiseConfig`` (``TypeError`` otherwise) whose fields are valid now (``ValueError``)."""
@@ -150,6 +151,19 @@ class NoiseProviderMixin:
         else:  # no noise here, but the plugin's schedule-plan nodes all the same (see PluginSchedulePlanMixin)
             use_plugin_schedule_plan(model)
         return model
+
+
+def check_noise_graph_mode(setting: str, noise: Any, cuda_graph_impl: Any) -> None:
+    """``SettingError`` for a full-iteration CUDA graph with noise on: the graph captures the noise kernel with its
+    seed and iteration as host integers, so every replayed step would add the capture step's noise."""
+    if cuda_graph_impl == "full_iteration" and isinstance(noise, NoiseConfig) and noise.is_active_configuration:
+        raise SettingError(
+            setting,
+            cuda_graph_impl,
+            "'none', 'local' or 'transformer_engine' (per-layer graphs) while embedding noise is on",
+            why=": a full-iteration CUDA graph replays the captured step's noise every step (the noise keys are "
+            "host integers; set model.noise.enabled=false to graph a plain run)",
+        )
 
 
 def _noise_config_of(provider: NoiseProviderMixin) -> NoiseConfig:

@@ -159,6 +159,19 @@ def test_an_override_equal_to_the_value_but_of_another_type_is_checked(io, disti
     assert distillation.model.noise.enabled is True and distillation.model.kd.enabled is True
 
 
+def test_a_full_iteration_cuda_graph_with_noise_on_is_refused_before_any_model(io, sft):
+    from nemo_noise_plugin.training.overrides import validate_plugin_settings
+
+    config = io["config_io"].apply_overrides(sft, ["model.cuda_graph_impl=full_iteration"]) or sft
+    with pytest.raises(
+        io["config_io"].ConfigOverrideError,
+        match=r"^model\.cuda_graph_impl='full_iteration' is invalid: expected 'none', 'local' or 'transformer_engine'",
+    ):
+        validate_plugin_settings(config)
+    config.model.noise.enabled = False
+    validate_plugin_settings(config)  # a plain run may be graphed whole
+
+
 def test_core_attention_is_taken_from_an_override_and_a_wrong_one_is_refused_before_any_model(io, sft):
     from nemo_noise_plugin.training.overrides import validate_plugin_settings
 
