@@ -317,6 +317,7 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
             "vs_plugin_off": ratio_summary(measured[name], measured[baseline]),
             "peak_memory_gib": peak / 2**30 if peak is not None else None,
             "core_attention": core_attention_of(runner.runner),
+            "noise_in_lookup": noise_path_of(runner.runner),
             "losses": list(runner.runner.losses),
             "tokens_per_step": [c[0] for c in counts],
             "answer_tokens_per_step": [c[1] for c in counts],
@@ -336,6 +337,23 @@ def core_attention_of(runner) -> list[str]:
     chunks = model if isinstance(model, list) else [model] if model is not None else []
     names = {type(m).__name__ for chunk in chunks for m in chunk.modules() if type(m).__name__.endswith("Attention")}
     return sorted(name for name in names if "DotProduct" in name)
+
+
+def noise_path_of(runner) -> str | None:
+    """Where a plugin runner's model adds its noise: "lookup" (one pass, ``model/noised_lookup.py``) or "output:
+    <why not the lookup>"; None for the HF runners and noise-off models."""
+    from megatron.core.utils import unwrap_model
+
+    from nemo_noise_plugin.model.noised_lookup import lookup_fusion_blocker
+
+    model = getattr(runner, "model", None) or getattr(getattr(runner, "run", None), "model", None)
+    chunks = model if isinstance(model, list) else [model] if model is not None else []
+    for chunk in chunks:
+        inner = unwrap_model(chunk)
+        if getattr(inner, "noise_config", None) is not None and inner.noise_active:
+            blocker = lookup_fusion_blocker(inner)
+            return "lookup" if blocker is None else f"output: {blocker}"
+    return None
 
 
 def summary_table(args, settings, all_tokens: float, answer_tokens: float, results: dict) -> str:

@@ -2,6 +2,7 @@
 # The GPU session of benchmarks/sft_throughput.py (issue 34), in the calls the device tool allows (10 min each,
 # 64 MiB carried with the ~17 MiB tree; a warm machine keeps /tmp only if the next call starts within 30 s).
 # From the repository root, back to back:
+#   (or .carry1, then .carry2 with .gguf1: the same wheels split to fit beside a chunk)
 #   call 1, carry .whl:          bash benchmarks/sft_throughput_session.sh install  (Bridge's wheels into /tmp/site)
 #   call 2, carry .whl2 .gguf1:  bash benchmarks/sft_throughput_session.sh install  (TRL's wheels; chunk 1 to /tmp)
 #   call 3, carry .gguf2:        bash benchmarks/sft_throughput_session.sh chunk    (chunk 2 to /tmp)
@@ -25,7 +26,7 @@ pack() { tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "${OUT:?}/$1"; ls -la "
 hf_folder() { dirname "$(find /tmp/models -name config.json 2>/dev/null | head -1)"; }
 case "$stage" in
   install)
-    for set in .whl .whl2; do
+    for set in .whl .whl2 .carry1 .carry2; do
       ls $set/*.whl >/dev/null 2>&1 || continue
       python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $set/*.whl || exit 1
     done

@@ -72,6 +72,9 @@ def test_the_sdpa_runners_train_as_the_unfused_ones(results):
     )
     assert found["plugin_on"]["core_attention"] == ["DotProductAttention"]
     assert found["plain"]["core_attention"] == []
+    # The recipe's embedding is the lookup alone (TP 1, no dropout): the noise goes in where the rows are looked up.
+    assert found["plugin_on"]["noise_in_lookup"] == found["plugin_on_sdpa"]["noise_in_lookup"] == "lookup"
+    assert found["plugin_off"]["noise_in_lookup"] is None and found["plain"]["noise_in_lookup"] is None
     assert found["plugin_off_sdpa"]["losses"] == pytest.approx(found["plugin_off"]["losses"][:2], rel=1e-4)
     assert found["plugin_on_sdpa"]["losses"] == pytest.approx(found["plugin_on"]["losses"], rel=1e-4)
     assert found["plugin_on_sdpa"]["losses"][0] != pytest.approx(found["plugin_off_sdpa"]["losses"][0], rel=1e-6)
