@@ -271,6 +271,7 @@ class _CleanInputProbe:
         for chunk, teacher in zip(chunks, teachers, strict=True):
             inner = unwrap_model(chunk)
             if isinstance(inner, NoiseInjectionMixin):
+                inner.register_forward_pre_hook(self._keep_lookup(inner), with_kwargs=True)
                 inner.embedding.register_forward_hook(self._keep("embedding"))
                 inner.decoder.register_forward_pre_hook(self._keep_input("student decoder"), with_kwargs=True)
                 teacher.decoder.register_forward_pre_hook(self._keep_input("teacher decoder"), with_kwargs=True)
@@ -282,6 +283,21 @@ class _CleanInputProbe:
         def hook(module, args, output):
             if self.armed and key not in self.seen:
                 self.seen[key] = output.detach().float().clone()
+
+        return hook
+
+    def _keep_lookup(self, inner):
+        """The clean embedding where the student adds its noise in the lookup (model/noised_lookup.py) and so never
+        calls its embedding module: the looked-up rows in [s, b, h]."""
+        from nemo_noise_plugin.model.noised_lookup import lookup_fusion_blocker
+
+        def hook(module, args, kwargs):
+            if not self.armed or "embedding" in self.seen or not inner.noise_active:
+                return
+            if lookup_fusion_blocker(inner) is None:
+                input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+                weight = inner.embedding.word_embeddings.weight.detach()
+                self.seen["embedding"] = weight[input_ids].transpose(0, 1).float().clone()
 
         return hook
 

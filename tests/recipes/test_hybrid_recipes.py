@@ -89,7 +89,14 @@ class DecoderInputs(_Callback):
         if self.embedding is not None:
             with torch.no_grad():
                 model.embedding.word_embeddings.weight.copy_(self.embedding)
-        model.embedding.register_forward_hook(lambda module, args, output: self.clean.append(output.detach()))
+        # The clean embedding is the lookup in [s, b, h] (no position table, no dropout), read from the ids the model
+        # is called with: a GPT model adds its noise in the lookup itself (model/noised_lookup.py), never calling
+        # its embedding module.
+        def clean(module, args, kwargs):
+            input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+            self.clean.append(module.embedding.word_embeddings.weight.detach()[input_ids].transpose(0, 1))
+
+        model.register_forward_pre_hook(clean, with_kwargs=True)
         model.decoder.register_forward_pre_hook(
             lambda module, args, kwargs: self.noised.append(kwargs["hidden_states"].detach()), with_kwargs=True
         )
