@@ -65,16 +65,26 @@ def apply_noise(
     scale = family.token_scale(config, geometry.lengths, geometry.global_length, x.size(-1), factor)
     if family.relative_to_embedding:
         scale = scale * x.detach().float().pow(2).mean(dim=-1).sqrt()
-    return add_noise(
-        x,
-        seed=config.seed,
-        iteration=iteration,
-        sample_index=sample_index,
-        token_position=geometry.positions,
-        noise_scale=scale * selected.to(torch.float32),
-        input_scale=clip,
-        distribution=family.unit,
-    )
+    return add_noise(x, input_scale=clip, **_draw_arguments(config, scale, selected, geometry, sample_index, iteration))
+
+
+def _draw_arguments(
+    config: NoiseConfig,
+    scale: torch.Tensor,
+    selected: torch.Tensor,
+    geometry: TokenGeometry,
+    sample_index: torch.Tensor,
+    iteration: int,
+) -> dict:
+    """The noise keys, the per-token scale on the selected tokens and the unit of ``config``'s family."""
+    return {
+        "seed": config.seed,
+        "iteration": iteration,
+        "sample_index": sample_index,
+        "token_position": geometry.positions,
+        "noise_scale": scale * selected.to(torch.float32),
+        "distribution": noise_family(config.mechanism).unit,
+    }
 
 
 def noise_independent_of_input(config: NoiseConfig) -> bool:
@@ -105,12 +115,5 @@ def lookup_with_configured_noise(
     family = noise_family(config.mechanism)
     scale = family.token_scale(config, geometry.lengths, geometry.global_length, weight.size(-1), factor)
     return lookup_with_noise(
-        weight,
-        input_ids,
-        seed=config.seed,
-        iteration=iteration,
-        sample_index=sample_index,
-        token_position=geometry.positions,
-        noise_scale=scale * selected.to(torch.float32),
-        distribution=family.unit,
+        weight, input_ids, **_draw_arguments(config, scale, selected, geometry, sample_index, iteration)
     )

@@ -242,6 +242,37 @@ def launch_add_noise(
     )
 
 
+def _check_distribution(distribution: str) -> None:
+    if distribution not in ("uniform", "gaussian", "laplace"):
+        raise ValueError(f"distribution must be 'uniform', 'gaussian' or 'laplace', got {distribution!r}.")
+
+
+def _kernel_arguments(
+    shape: tuple[int, int, int],
+    device: torch.device,
+    *,
+    seed: int,
+    iteration: int,
+    sample_index: torch.Tensor,
+    token_position: torch.Tensor,
+    noise_scale: torch.Tensor,
+    distribution: str,
+) -> dict[str, Any]:
+    """The kernel's keys and per-token tensors for an ``[s, b, h]`` output on ``device``, in the dtypes and shapes
+    ``launch_add_noise`` takes; Gaussian noise (drawn in pairs of hidden elements) needs an even hidden size."""
+    seq, batch, hidden = shape
+    if distribution == "gaussian" and hidden % 2:
+        raise ValueError(f"Gaussian noise pairs hidden elements: hidden size {hidden} must be even.")
+    return {
+        "distribution": distribution,
+        "seed": int(seed),
+        "iteration": int(iteration),
+        "sample_index": sample_index.to(device=device, dtype=torch.int64).reshape(batch).contiguous(),
+        "token_position": token_position.to(device=device, dtype=torch.int64).reshape(seq).contiguous(),
+        "noise_scale": noise_scale.to(device=device, dtype=torch.float32).expand(seq, batch).contiguous(),
+    }
+
+
 class _FusedAddNoise(torch.autograd.Function):
     """Autograd wrapper: the noise is a constant, so ``d out / d x = input_scale`` (or 1); scales get no gradient."""
 
@@ -278,24 +309,22 @@ def fused_add_noise(
     Uniform noise is bit-identical to the reference; Gaussian and Laplace agree to float32 rounding (a few 1e-6).
     Gradients flow to ``x`` (scaled by ``input_scale``); the scales get none.
     """
-    if distribution not in ("uniform", "gaussian", "laplace"):
-        raise ValueError(f"distribution must be 'uniform', 'gaussian' or 'laplace', got {distribution!r}.")
+    _check_distribution(distribution)
     if x.dim() != 3 or not x.is_cuda or x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"x must be a CUDA [s, b, h] bf16/fp16/fp32 tensor: {tuple(x.shape)} {x.dtype} {x.device}.")
-    seq, batch, hidden = x.shape
-    if distribution == "gaussian" and hidden % 2:
-        raise ValueError(f"Gaussian noise pairs hidden elements: hidden size {hidden} must be even.")
-    device = x.device
-    kwargs = {
-        "seed": int(seed),
-        "iteration": int(iteration),
-        "sample_index": sample_index.to(device=device, dtype=torch.int64).reshape(batch).contiguous(),
-        "token_position": token_position.to(device=device, dtype=torch.int64).reshape(seq).contiguous(),
-        "noise_scale": noise_scale.to(device=device, dtype=torch.float32).expand(seq, batch).contiguous(),
-        "distribution": distribution,
-    }
+    seq, batch, _ = x.shape
+    kwargs = _kernel_arguments(
+        x.shape,
+        x.device,
+        seed=seed,
+        iteration=iteration,
+        sample_index=sample_index,
+        token_position=token_position,
+        noise_scale=noise_scale,
+        distribution=distribution,
+    )
     if input_scale is not None:
-        input_scale = input_scale.to(device=device, dtype=torch.float32).expand(seq, batch).contiguous()
+        input_scale = input_scale.to(device=x.device, dtype=torch.float32).expand(seq, batch).contiguous()
     return _FusedAddNoise.apply(x.contiguous(), input_scale, kwargs)
 
 
@@ -338,8 +367,7 @@ def fused_gather_add_noise(
     ``[0, vocab)``, as for ``F.embedding`` on the GPU); returns ``[s, b, h]``. Gradients flow to ``weight`` as the
     plain lookup's; ``noise_scale`` is float32 ``[s, b]``.
     """
-    if distribution not in ("uniform", "gaussian", "laplace"):
-        raise ValueError(f"distribution must be 'uniform', 'gaussian' or 'laplace', got {distribution!r}.")
+    _check_distribution(distribution)
     if weight.dim() != 2 or not weight.is_cuda or weight.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(
             f"weight must be a CUDA [vocab, h] bf16/fp16/fp32 tensor: {tuple(weight.shape)} {weight.dtype} "
@@ -348,16 +376,14 @@ def fused_gather_add_noise(
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [b, s], got shape {tuple(input_ids.shape)}.")
     batch, seq = input_ids.shape
-    hidden = weight.size(1)
-    if distribution == "gaussian" and hidden % 2:
-        raise ValueError(f"Gaussian noise pairs hidden elements: hidden size {hidden} must be even.")
-    device = weight.device
-    kwargs = {
-        "seed": int(seed),
-        "iteration": int(iteration),
-        "sample_index": sample_index.to(device=device, dtype=torch.int64).reshape(batch).contiguous(),
-        "token_position": token_position.to(device=device, dtype=torch.int64).reshape(seq).contiguous(),
-        "noise_scale": noise_scale.to(device=device, dtype=torch.float32).expand(seq, batch).contiguous(),
-        "distribution": distribution,
-    }
-    return _FusedGatherAddNoise.apply(weight.contiguous(), input_ids.to(device), kwargs)
+    kwargs = _kernel_arguments(
+        (seq, batch, weight.size(1)),
+        weight.device,
+        seed=seed,
+        iteration=iteration,
+        sample_index=sample_index,
+        token_position=token_position,
+        noise_scale=noise_scale,
+        distribution=distribution,
+    )
+    return _FusedGatherAddNoise.apply(weight.contiguous(), input_ids.to(weight.device), kwargs)

@@ -136,11 +136,13 @@ def validate_plugin_settings(config: Any) -> None:
     scope = getattr(model, "cuda_graph_scope", None)
     legacy_full = scope == "full_iteration" or (isinstance(scope, list | tuple) and "full_iteration" in scope)
     impl = "full_iteration" if legacy_full else getattr(model, "cuda_graph_impl", None)
-    if impl == "full_iteration" and isinstance(getattr(model, "noise", None), NoiseConfig):
+    if impl == "full_iteration":
         from nemo_noise_plugin.providers import check_noise_graph_mode
 
         try:
-            check_noise_graph_mode("model.cuda_graph_impl", model.noise, impl)  # the provider's finalize check
+            check_noise_graph_mode(
+                "model.cuda_graph_impl", getattr(model, "noise", None), impl
+            )  # the provider's finalize check
         except SettingError as refused:
             raise ConfigOverrideError(str(refused)) from None
 

@@ -16,7 +16,7 @@ from nemo_noise_plugin.model.noised_lookup import lookup_fusion_blocker
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.mechanisms import lookup_with_configured_noise, noise_independent_of_input
 from nemo_noise_plugin.noise.sampling import add_noise_reference, lookup_with_noise_reference
-from tests.support.models import build_tiny_gpt, tiny_gpt_config
+from tests.support.models import build_tiny_gpt, masked_mean_loss, tiny_gpt_config
 
 FUSABLE = {
     "neftune_true_length": NoiseConfig(alpha=5.0),
@@ -45,14 +45,7 @@ def _step(model, batch, microbatches: int = 2) -> torch.Tensor:
     model.noise_clock.start_iteration(model.noise_clock.iteration)
     total = torch.zeros(())
     for _ in range(microbatches):
-        per_token = model(
-            batch["input_ids"],
-            batch["position_ids"],
-            batch["attention_mask"],
-            labels=batch["labels"],
-            loss_mask=batch["loss_mask"],
-        )
-        loss = (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+        loss = masked_mean_loss(model, batch)
         loss.backward()
         total = total + loss.detach()
     return total

@@ -6,7 +6,7 @@ import torch
 
 from nemo_noise_plugin.model import NoisyGPTModel
 from nemo_noise_plugin.noise.config import NoiseConfig
-from tests.support.models import build_tiny_gpt, tiny_gpt_config
+from tests.support.models import build_tiny_gpt, masked_mean_loss, tiny_gpt_config
 
 NOISE = NoiseConfig(alpha=10.0, schedule="cosine", warmup_steps=2, decay_steps=6, min_factor=0.2, seed=42)
 
@@ -15,14 +15,7 @@ def _train(model, batch, steps: int, optimizer) -> list[float]:
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
-        per_token = model(
-            batch["input_ids"],
-            batch["position_ids"],
-            batch["attention_mask"],
-            labels=batch["labels"],
-            loss_mask=batch["loss_mask"],
-        )
-        loss = (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
+        loss = masked_mean_loss(model, batch)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())

@@ -89,6 +89,7 @@ class DecoderInputs(_Callback):
         if self.embedding is not None:
             with torch.no_grad():
                 model.embedding.word_embeddings.weight.copy_(self.embedding)
+
         # The clean embedding is the lookup in [s, b, h] (no position table, no dropout), read from the ids the model
         # is called with: a GPT model adds its noise in the lookup itself (model/noised_lookup.py), never calling
         # its embedding module.

@@ -12,3 +12,15 @@ from benchmarks.tiny_gpt import (  # noqa: F401
     init_cpu_parallel,
     tiny_gpt_config,
 )
+
+
+def masked_mean_loss(model, batch: dict):
+    """The model's per-token loss on ``batch`` (the ``conftest.batch`` keys), averaged over its loss mask."""
+    per_token = model(
+        batch["input_ids"],
+        batch["position_ids"],
+        batch["attention_mask"],
+        labels=batch["labels"],
+        loss_mask=batch["loss_mask"],
+    )
+    return (per_token * batch["loss_mask"]).sum() / batch["loss_mask"].sum()
