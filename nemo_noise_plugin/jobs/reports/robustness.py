@@ -94,7 +94,9 @@ def robustness_curve(
     """Loss and KL(clean || noisy) of ``model`` at each scale (``logits_of(model, batch)`` -> ``[b, s, V]``).
 
     Batches hold ``labels`` and ``loss_mask`` ``[b, s]``. The model (wrapped or not) is not modified: it is
-    evaluated through frozen copies (``build_clean_teacher``), clean and noisy.
+    evaluated through frozen copies (``build_clean_teacher``), clean and noisy. Scale 0 is the clean copy itself
+    (KL exactly 0): a second copy with the noise off computes the same function, but CPU matrix kernels may round a
+    copy at another address differently (about 1e-9 nats on the hybrid model in CI).
     """
     clean = build_clean_teacher(model)  # a frozen, noise-free copy that shares groups and config
     clean.eval()
@@ -103,14 +105,11 @@ def robustness_curve(
         clean_log_probs = [logits_of(clean, batch).float().log_softmax(-1) for batch in batches]
         tokens = sum(batch["loss_mask"].sum() for batch in batches)
         for scale in scales:
-            noisy = make_noisy(build_clean_teacher(clean), noise_at_scale(noise, scale))
-            noisy.eval()
+            noisy = None if scale == 0 else make_noisy(build_clean_teacher(clean), noise_at_scale(noise, scale))
             loss = kl = 0.0
             batch_loss, batch_kl = [], []
             for index, (reference, batch) in enumerate(zip(clean_log_probs, batches, strict=True)):
-                noisy.noise_clock.start_iteration(index)
-                with noisy.noise_batch_inputs(batch["loss_mask"]):
-                    log_probs = logits_of(noisy, batch).float().log_softmax(-1)
+                log_probs = reference if noisy is None else _noisy_log_probs(noisy, batch, index, logits_of)
                 mask = batch["loss_mask"]
                 picked = log_probs.gather(-1, batch["labels"].long().unsqueeze(-1)).squeeze(-1)
                 one_loss = -(picked * mask).sum()
@@ -125,6 +124,19 @@ def robustness_curve(
                 )
             )
     return points
+
+
+def _noisy_log_probs(
+    noisy: nn.Module,
+    batch: dict[str, torch.Tensor],
+    index: int,
+    logits_of: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor],
+) -> torch.Tensor:
+    """Log-probabilities of ``noisy`` (eval mode) on ``batch``, its noise keyed by the batch ``index``."""
+    noisy.eval()
+    noisy.noise_clock.start_iteration(index)
+    with noisy.noise_batch_inputs(batch["loss_mask"]):
+        return logits_of(noisy, batch).float().log_softmax(-1)
 
 
 def format_report(curves: dict[str, list[RobustnessPoint]], scale_name: str) -> str:
