@@ -59,10 +59,13 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
     """``NoiseConfig.projection='nearest_row'``: the last noised forward's ``Projection.ids`` (``noise.projection``;
     ``projection_recovery(ids, input_ids)`` is its nearest-neighbour recovery); None before one."""
 
-    def init_noise(self, noise_config: NoiseConfig) -> None:
+    def init_noise(self, noise_config: NoiseConfig, *, replayable: bool = False) -> None:
         """Attach the noise layer and a fresh clock configured by ``noise_config`` (replacing any earlier one).
 
-        ``noise_config`` is trusted as its construction (and ``make_noisy`` or a provider's ``finalize``) left it."""
+        ``noise_config`` is trusted as its construction (and ``make_noisy`` or a provider's ``finalize``) left it.
+        ``replayable`` keeps each step's noise keys in device memory (``noise/replayable.py``) so that a CUDA graph
+        captured over the forward replays each step's own noise; then call ``publish_noise_step`` outside the graph
+        before every step it replays. The noise values are the same either way."""
         if not isinstance(noise_config, NoiseConfig):
             raise TypeError(f"noise_config must be a NoiseConfig, got {type(noise_config).__name__}.")
         check_noise_fits(noise_config, self.config.hidden_size, getattr(self.config, "params_dtype", None))
@@ -72,10 +75,17 @@ class NoiseInjectionMixin(PluginSchedulePlanMixin):
             sequence_parallel=bool(self.config.sequence_parallel),
             pg_collection=getattr(self, "pg_collection", None),
             defer_finite_check=True,
+            replayable=replayable,
         )
         self.noise_clock = NoiseClock()
         self._noise_inputs = NoiseBatchInputs()
         self.projected_ids = None
+
+    def publish_noise_step(self) -> None:
+        """Replayable noise: write the noise clock's step (iteration, schedule factor) into the device keys and raise
+        for an overflow recorded at an earlier step; outside any CUDA graph, before each step a graph replays."""
+        device = next(self.parameters()).device
+        self.noise_layer.publish_step(self.noise_clock, device)
 
     @property
     def noise_step(self) -> int:

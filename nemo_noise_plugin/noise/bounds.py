@@ -29,7 +29,15 @@ from nemo_noise_plugin.noise.families import noise_family
 from nemo_noise_plugin.noise.sampling import unit_sampler
 from nemo_noise_plugin.validation import SettingError
 
-__all__ = ["DeferredFiniteCheck", "check_noise_fits", "check_noised_finite", "noise_norm_bound", "noise_setting"]
+__all__ = [
+    "DeferredFiniteCheck",
+    "check_noise_fits",
+    "check_noised_finite",
+    "noise_norm_bound",
+    "noise_overflowed",
+    "noise_setting",
+    "overflow_error",
+]
 
 _MARGIN = 2.0
 """A noise norm up to twice its typical value (the norm of ``d`` i.i.d. units concentrates far closer)."""
@@ -94,13 +102,14 @@ def _all_finite(values: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(low) & torch.isfinite(high)
 
 
-def _overflowed(noised: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+def noise_overflowed(noised: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
     """0-d bool on ``noised``'s device: ``noised`` holds inf or NaN although ``clean`` does not (one reduction each;
     ``clean`` may be the embedding table the noised rows were looked up from)."""
     return ~_all_finite(noised) & _all_finite(clean)
 
 
-def _overflow_error(config: Any, iteration: int) -> SettingError:
+def overflow_error(config: Any, iteration: int) -> SettingError:
+    """The ``SettingError`` that stops a run whose noised embeddings overflowed at ``iteration``, naming the level."""
     field, value = noise_setting(config)
     return SettingError(
         f"NoiseConfig.{field}",
@@ -114,8 +123,8 @@ def _overflow_error(config: Any, iteration: int) -> SettingError:
 def check_noised_finite(config: Any, noised: torch.Tensor, clean: torch.Tensor, iteration: int) -> None:
     """``SettingError`` naming the noise level when ``noised`` holds inf or NaN although ``clean`` does not (one
     reduction each, read on the host at once: a GPU sync; call once per iteration)."""
-    if bool(_overflowed(noised, clean)):
-        raise _overflow_error(config, iteration)
+    if bool(noise_overflowed(noised, clean)):
+        raise overflow_error(config, iteration)
 
 
 class DeferredFiniteCheck:
@@ -144,7 +153,7 @@ class DeferredFiniteCheck:
             check_noised_finite(config, noised, clean, iteration)
             return
         answer = torch.empty((), dtype=torch.bool, pin_memory=True)
-        answer.copy_(_overflowed(noised, clean), non_blocking=True)
+        answer.copy_(noise_overflowed(noised, clean), non_blocking=True)
         arrived = torch.cuda.Event()
         arrived.record()
         self._queued.append((iteration, answer, arrived))
@@ -161,7 +170,7 @@ class DeferredFiniteCheck:
                 overflowed_at = iteration
         self._queued = waiting
         if overflowed_at is not None:
-            raise _overflow_error(config, overflowed_at)
+            raise overflow_error(config, overflowed_at)
 
     @property
     def queued_iterations(self) -> list[int]:

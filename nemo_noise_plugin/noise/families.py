@@ -122,20 +122,26 @@ class NoiseFamily:
         return self.clip != "never" and config.clip_norm is not None
 
     def token_scale(
-        self, config: Any, lengths: torch.Tensor, global_length: int, hidden_size: int, factor: float = 1.0
+        self,
+        config: Any,
+        lengths: torch.Tensor,
+        global_length: int,
+        hidden_size: int,
+        factor: float | torch.Tensor = 1.0,
     ) -> torch.Tensor:
-        """Each token's scale of the unit noise (shape of ``lengths``, float32): ``f * base * c``.
+        """Each token's scale of the unit noise (shape of ``lengths``, float32): ``(base * c) * f``.
 
         ``lengths`` holds each token's true sequence length, ``global_length`` the padded one, ``factor`` the
         schedule factor ``f``; ``c`` is the length factor of length-scaled families and 1 for the others. Without
-        the embedding RMS of relative noise and without the token selection.
+        the embedding RMS of relative noise and without the token selection. ``f`` multiplies last, in float32, so a
+        host factor and the replayable path's 0-dim device factor (``noise/replayable.py``) give the same bits.
         """
         if not self.length_scaled:
-            return lengths.new_full(lengths.shape, factor * self.base_scale(config))
+            return lengths.new_full(lengths.shape, self.base_scale(config)) * factor
         from nemo_noise_plugin.noise.sampling import unit_sampler
 
         unit_std = unit_sampler(self.unit).std
-        return factor * self.base_scale(config) * length_factor(config, lengths, global_length, hidden_size, unit_std)
+        return self.base_scale(config) * length_factor(config, lengths, global_length, hidden_size, unit_std) * factor
 
     def density_factor(self) -> float:
         """The attacker density's scale per unit of ``token_scale``: the unit's standard deviation over the density's

@@ -23,6 +23,7 @@ from nemo_noise_plugin.noise.geometry import (
     token_geometry,
 )
 from nemo_noise_plugin.noise.mechanisms import apply_noise, lookup_with_configured_noise, selected_tokens
+from nemo_noise_plugin.noise.replayable import ReplayableStep
 from nemo_noise_plugin.noise.schedule import NoiseClock, schedule_factor
 from nemo_noise_plugin.utils import group_rank, group_size
 
@@ -45,17 +46,22 @@ class EmbeddingNoise:
         pg_collection: Any | None,
         megatron_groups: bool = True,
         defer_finite_check: bool = False,
+        replayable: bool = False,
     ) -> None:
         """``pg_collection`` gives the tp/cp/dp groups; a group it lacks comes from Megatron's ``parallel_state``
         when ``megatron_groups`` (a model's layer), else none: one process holding the whole global batch (the
         privacy audit, which must not pick up the groups of a parallel job it runs in). ``defer_finite_check``
         (a training model's layer) reads the once-per-iteration finiteness check without a GPU sync, one
-        iteration late (``noise.bounds.DeferredFiniteCheck``); otherwise it is read at once."""
+        iteration late (``noise.bounds.DeferredFiniteCheck``); otherwise it is read at once. ``replayable`` reads the
+        iteration key and the schedule factor from device memory and records the finiteness check there
+        (``noise.replayable.ReplayableStep``), so a CUDA graph captured over the forward replays each step's own
+        noise: ``publish_step`` before every replay; same noise values as the eager keys."""
         self.config = config
         self.sequence_parallel = sequence_parallel
         self.pg_collection = pg_collection
         self.megatron_groups = megatron_groups
         self.finite_check = DeferredFiniteCheck() if defer_finite_check else None
+        self.replayable_step = ReplayableStep() if replayable else None
 
     def _group(self, name: str) -> Any:
         group = getattr(self.pg_collection, name, None) if self.pg_collection is not None else None
@@ -114,14 +120,15 @@ class EmbeddingNoise:
         selected = selected_tokens(self.config, geometry, batch.input_ids)
         micro_batch_size = decoder_input.size(1)
         sample_index = global_sample_indices(micro_batch_size, clock.microbatch, layout, decoder_input.device)
+        factor, iteration = self._step_keys(clock, decoder_input.device)
         noised = apply_noise(
             decoder_input,
             self.config,
-            factor=schedule_factor(self.config, clock.iteration),
+            factor=factor,
             selected=selected,
             geometry=geometry,
             sample_index=sample_index,
-            iteration=clock.iteration,
+            iteration=iteration,
         )
         self._check_finite(noised, decoder_input, clock)
         return noised, selected
@@ -138,21 +145,47 @@ class EmbeddingNoise:
             raise ValueError("noised_lookup needs the whole local sequence: sequence parallelism scatters it.")
         micro_batch_size, rows = input_ids.shape
         geometry = self._geometry(rows, micro_batch_size, weight.device, batch, layout)
+        factor, iteration = self._step_keys(clock, weight.device)
         noised = lookup_with_configured_noise(
             weight,
             input_ids,
             self.config,
-            factor=schedule_factor(self.config, clock.iteration),
+            factor=factor,
             selected=selected_tokens(self.config, geometry, input_ids),
             geometry=geometry,
             sample_index=global_sample_indices(micro_batch_size, clock.microbatch, layout, weight.device),
-            iteration=clock.iteration,
+            iteration=iteration,
         )
         self._check_finite(noised, weight, clock)  # a finite table: finite looked-up rows
         return noised
 
+    def publish_step(self, clock: NoiseClock, device: torch.device) -> None:
+        """Replayable layer: write ``clock``'s iteration and schedule factor into the device keys on ``device`` and
+        raise for an overflow the device flag has recorded (known one step late on the GPU). Call it outside any
+        CUDA graph before each step the graph replays; the eager forward calls it itself when the clock moved."""
+        if self.replayable_step is None:
+            raise RuntimeError("publish_step needs a replayable noise layer: EmbeddingNoise(..., replayable=True).")
+        self.replayable_step.publish(self.config, clock.iteration, device)
+        self.replayable_step.raise_overflow(self.config)
+
+    def _step_keys(self, clock: NoiseClock, device: torch.device) -> tuple[float | torch.Tensor, int | torch.Tensor]:
+        """The schedule factor and the iteration key of ``clock``'s step: host numbers, or the replayable layer's
+        device tensors (published here unless a graph is being captured, which needs them published before)."""
+        if self.replayable_step is None:
+            return schedule_factor(self.config, clock.iteration), clock.iteration
+        step = self.replayable_step
+        if not step.holds(clock.iteration, device):
+            self.publish_step(clock, device)  # inside a graph capture this raises: publish before capturing
+        return step.factor, step.iteration
+
     def _check_finite(self, noised: torch.Tensor, clean: torch.Tensor, clock: NoiseClock) -> None:
         """Once per iteration (microbatch 0): one reduction, read without a GPU sync where deferred."""
+        if self.replayable_step is not None:
+            if clock.microbatch == 0:
+                self.replayable_step.record_overflow(noised, clean)
+                if not noised.is_cuda:  # read at once; on the GPU the next publish_step copies it, the one after reads
+                    self.replayable_step.raise_overflow(self.config)
+            return
         if clock.microbatch == 0:
             check = check_noised_finite if self.finite_check is None else self.finite_check.check
             check(self.config, noised, clean, clock.iteration)

@@ -53,13 +53,16 @@ def apply_noise(
     x: torch.Tensor,
     config: NoiseConfig,
     *,
-    factor: float,
+    factor: float | torch.Tensor,
     selected: torch.Tensor,
     geometry: TokenGeometry,
     sample_index: torch.Tensor,
-    iteration: int,
+    iteration: int | torch.Tensor,
 ) -> torch.Tensor:
-    """``x`` with the configured mechanism's noise on the selected tokens (schedule ``factor`` applied)."""
+    """``x`` with the configured mechanism's noise on the selected tokens (schedule ``factor`` applied).
+
+    ``factor`` and ``iteration`` are host numbers, or 0-dim device tensors (float32, int64) that a CUDA graph's
+    replays read anew (``noise/replayable.py``)."""
     family = noise_family(config.mechanism)
     clip = clip_scale(x, float(config.clip_norm), selected) if family.clips(config) else None
     scale = family.token_scale(config, geometry.lengths, geometry.global_length, x.size(-1), factor)
@@ -74,7 +77,7 @@ def _draw_arguments(
     selected: torch.Tensor,
     geometry: TokenGeometry,
     sample_index: torch.Tensor,
-    iteration: int,
+    iteration: int | torch.Tensor,
 ) -> dict:
     """The noise keys, the per-token scale on the selected tokens and the unit of ``config``'s family."""
     return {
@@ -99,11 +102,11 @@ def lookup_with_configured_noise(
     input_ids: torch.Tensor,
     config: NoiseConfig,
     *,
-    factor: float,
+    factor: float | torch.Tensor,
     selected: torch.Tensor,
     geometry: TokenGeometry,
     sample_index: torch.Tensor,
-    iteration: int,
+    iteration: int | torch.Tensor,
 ) -> torch.Tensor:
     """``apply_noise`` of the lookup ``weight[input_ids]`` (``[b, s]`` ids, ``[s, b, h]`` out) in one pass; only for
     mechanisms whose noise is independent of the input (``noise_independent_of_input``)."""

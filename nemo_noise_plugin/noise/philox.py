@@ -7,7 +7,8 @@ fused GPU kernel (``noise/triton_kernel.py``) computes the same 32-bit words wit
 
 Counter contract (shared with the kernel):
 
-- key ``(k0, k1) = (seed, iteration)``, both taken modulo 2**32;
+- key ``(k0, k1) = (seed, iteration)``, both taken modulo 2**32 (either may be a 0-dim int64 tensor, as the
+  replayable path's iteration is: ``noise/replayable.py``);
 - counter ``(c0, c1, c2, c3) = (hidden // 4, token position, sample index, stream)``, each modulo 2**32;
 - word ``i`` of the four outputs belongs to hidden index ``4 * (hidden // 4) + i``;
 - ``stream`` separates independent draws for the same element (``STREAM_*`` below).
@@ -49,9 +50,11 @@ def _mulhilo32(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def philox4x32(
-    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], key: tuple[int, int]
+    counter: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    key: tuple[int | torch.Tensor, int | torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Philox4x32-10 of broadcastable int64 counter words (values in [0, 2**32)); returns four int64 words."""
+    """Philox4x32-10 of broadcastable int64 counter words (values in [0, 2**32)) under a key of two ints or 0-dim
+    int64 tensors (taken modulo 2**32); returns four int64 words."""
     c0, c1, c2, c3 = (torch.as_tensor(word, dtype=torch.int64) & _MASK32 for word in counter)
     c0, c1, c2, c3 = torch.broadcast_tensors(c0, c1, c2, c3)
     k0, k1 = key[0] & _MASK32, key[1] & _MASK32
@@ -77,7 +80,7 @@ def words_to_open_uniform(words: torch.Tensor) -> torch.Tensor:
 
 def element_words(
     seed: int,
-    iteration: int,
+    iteration: int | torch.Tensor,
     sample_index: torch.Tensor,
     token_position: torch.Tensor,
     hidden_size: int,

@@ -46,8 +46,9 @@ __all__ = [
     "unit_sampler",
 ]
 
-Keys = tuple[int, int, torch.Tensor, torch.Tensor, int]
-"""``(seed, iteration, samples, positions, hidden_size)``: the flat ``[n]`` global indices of a block's tokens."""
+Keys = tuple[int, int | torch.Tensor, torch.Tensor, torch.Tensor, int]
+"""``(seed, iteration, samples, positions, hidden_size)``: the flat ``[n]`` global indices of a block's tokens (the
+iteration an int or a 0-dim int64 tensor on their device)."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def unit_sampler(name: str) -> UnitSampler:
 
 def unit_noise(
     seed: int,
-    iteration: int,
+    iteration: int | torch.Tensor,
     sample_index: torch.Tensor,
     token_position: torch.Tensor,
     hidden_size: int,
@@ -160,7 +161,7 @@ def add_noise_reference(
     x: torch.Tensor,
     *,
     seed: int,
-    iteration: int,
+    iteration: int | torch.Tensor,
     sample_index: torch.Tensor,
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,

@@ -98,6 +98,7 @@ def _kernel() -> Any:
         BLOCK_QUADS: tl.constexpr,
         TL_PHILOX: tl.constexpr,
         GATHER: tl.constexpr,
+        ITERATION_IN_MEMORY: tl.constexpr,
     ):
         # One program: BLOCK_ROWS tokens (rows of the [s * b, h] view) by 4 * BLOCK_QUADS hidden elements; one
         # Philox call per quad gives the four words of hidden indices 4q .. 4q + 3. GATHER: x is the [vocab, h]
@@ -114,7 +115,10 @@ def _kernel() -> Any:
         c2 = tl.broadcast_to(sample.to(tl.uint32)[:, None], (BLOCK_ROWS, BLOCK_QUADS))
         c3 = c0 * 0 + stream.to(tl.uint32)
         k0 = seed.to(tl.uint32)
-        k1 = iteration.to(tl.uint32)
+        if ITERATION_IN_MEMORY:  # a 0-dim int64 tensor a CUDA graph's replays read anew (noise/replayable.py)
+            k1 = tl.load(iteration).to(tl.uint32)
+        else:
+            k1 = iteration.to(tl.uint32)
         if TL_PHILOX:
             # tl.philox keys with (seed & 0xffffffff, seed >> 32) = (k0, k1) for 32-bit counters, as the reference.
             w0, w1, w2, w3 = tl.philox((k1.to(tl.uint64) << 32) | k0.to(tl.uint64), c0, c1, c2, c3)
@@ -192,7 +196,7 @@ def launch_add_noise(
     *,
     input_ids: torch.Tensor | None = None,
     seed: int,
-    iteration: int,
+    iteration: int | torch.Tensor,
     sample_index: torch.Tensor,
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,
@@ -205,7 +209,8 @@ def launch_add_noise(
     """Run the kernel into ``out`` (no autograd, no checks); ``config`` overrides (rows, hidden, warps) for tuning,
     ``tl_philox`` uses ``tl.philox`` itself instead of the kernel's own (bit-identical) rounds. With ``input_ids``
     (``[b, s]``, any strides), ``x`` is a contiguous ``[vocab, h]`` embedding table and ``out`` (``[s, b, h]``) gets
-    the noised rows ``x[input_ids].transpose(0, 1)``."""
+    the noised rows ``x[input_ids].transpose(0, 1)``. An ``iteration`` tensor (0-dim int64 on the device) is read by the
+    kernel, so a CUDA graph's replays take its current value."""
     seq, batch, hidden = out.shape
     n_rows = seq * batch
     if n_rows == 0 or hidden == 0:
@@ -213,6 +218,7 @@ def launch_add_noise(
     block_rows, block_hidden, num_warps = config or _default_config(hidden)
     grid = (math.ceil(n_rows / block_rows), math.ceil(hidden / block_hidden))
     gather = input_ids is not None
+    in_memory = isinstance(iteration, torch.Tensor)
     _kernel()[grid](
         x,
         out,
@@ -227,7 +233,7 @@ def launch_add_noise(
         batch,
         hidden,
         seed & _MASK32,
-        iteration & _MASK32,
+        iteration if in_memory else iteration & _MASK32,
         stream & _MASK32,
         HAS_INPUT_SCALE=input_scale is not None,
         GAUSSIAN=distribution == "gaussian",
@@ -236,6 +242,7 @@ def launch_add_noise(
         BLOCK_QUADS=block_hidden // 4,
         TL_PHILOX=tl_philox,
         GATHER=gather,
+        ITERATION_IN_MEMORY=in_memory,
         num_warps=num_warps,
         # No multiply-add contraction: the reference rounds x * input_scale and noise_scale * unit separately.
         enable_fp_fusion=False,
@@ -252,7 +259,7 @@ def _kernel_arguments(
     device: torch.device,
     *,
     seed: int,
-    iteration: int,
+    iteration: int | torch.Tensor,
     sample_index: torch.Tensor,
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,
@@ -266,11 +273,23 @@ def _kernel_arguments(
     return {
         "distribution": distribution,
         "seed": int(seed),
-        "iteration": int(iteration),
+        "iteration": _iteration_key(iteration, device),
         "sample_index": sample_index.to(device=device, dtype=torch.int64).reshape(batch).contiguous(),
         "token_position": token_position.to(device=device, dtype=torch.int64).reshape(seq).contiguous(),
         "noise_scale": noise_scale.to(device=device, dtype=torch.float32).expand(seq, batch).contiguous(),
     }
+
+
+def _iteration_key(iteration: int | torch.Tensor, device: torch.device) -> int | torch.Tensor:
+    """The iteration as the kernel takes it: an int, or a 0-dim int64 tensor on ``device`` (read by the kernel)."""
+    if not isinstance(iteration, torch.Tensor):
+        return int(iteration)
+    if iteration.dim() != 0 or iteration.dtype != torch.int64 or iteration.device != device:
+        raise ValueError(
+            f"an iteration tensor must be a 0-dim int64 tensor on {device}: got shape {tuple(iteration.shape)}, "
+            f"{iteration.dtype} on {iteration.device}."
+        )
+    return iteration
 
 
 class _FusedAddNoise(torch.autograd.Function):
@@ -295,7 +314,7 @@ def fused_add_noise(
     x: torch.Tensor,
     *,
     seed: int,
-    iteration: int,
+    iteration: int | torch.Tensor,
     sample_index: torch.Tensor,
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,
@@ -354,7 +373,7 @@ def fused_gather_add_noise(
     input_ids: torch.Tensor,
     *,
     seed: int,
-    iteration: int,
+    iteration: int | torch.Tensor,
     sample_index: torch.Tensor,
     token_position: torch.Tensor,
     noise_scale: torch.Tensor,
