@@ -104,7 +104,7 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
             "privacy.audit.checks",
         ),
     ),
-    (LIBRARY, "noise layer", ("noise", "noise.layer", "noise.hf_inference", "noise.hf_inputs")),
+    (LIBRARY, "noise layer", ("noise", "noise.layer", "noise.replayable", "noise.hf_inference", "noise.hf_inputs")),
     (
         LIBRARY,
         "noise draws",
