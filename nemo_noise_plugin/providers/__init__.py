@@ -155,14 +155,17 @@ class NoiseProviderMixin:
 
 def check_noise_graph_mode(setting: str, noise: Any, cuda_graph_impl: Any) -> None:
     """``SettingError`` for a full-iteration CUDA graph with noise on: the graph captures the noise kernel with its
-    seed and iteration as host integers, so every replayed step would add the capture step's noise."""
+    iteration key as a host integer, so every replayed step would add the capture step's noise. The replayable keys
+    (``noise/replayable.py``) replay correctly under a CUDA graph, but Bridge's loop does not publish them before each
+    step yet, so the refusal stays."""
     if cuda_graph_impl == "full_iteration" and isinstance(noise, NoiseConfig) and noise.is_active_configuration:
         raise SettingError(
             setting,
             cuda_graph_impl,
             "'none', 'local' or 'transformer_engine' (per-layer graphs) while embedding noise is on",
-            why=": a full-iteration CUDA graph replays the captured step's noise every step (the noise keys are "
-            "host integers; set model.noise.enabled=false to graph a plain run)",
+            why=": a full-iteration CUDA graph would replay the captured step's noise every step (Bridge's loop does "
+            "not yet publish the plugin's replayable noise keys before each step; set model.noise.enabled=false to "
+            "graph a plain run)",
         )
 
 
