@@ -28,6 +28,14 @@ __all__ = ["ReplayableStep"]
 _INT64_MAX = 2**63 - 1
 
 
+def _indexed(device: torch.device | str) -> torch.device:
+    """``device`` with its index (``cuda`` -> ``cuda:<current>``), as a tensor's ``.device`` names it."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class ReplayableStep:
     """The current step's noise keys in device memory (``iteration`` int64, ``factor`` float32, both 0-dim) and the
     first overflowing iteration plus one (``overflow_at``, 0: none yet).
@@ -52,7 +60,7 @@ class ReplayableStep:
 
     def holds(self, iteration: int, device: torch.device) -> bool:
         """Whether the device keys on ``device`` hold ``iteration``."""
-        on_device = self.iteration is not None and self.iteration.device == torch.device(device)
+        on_device = self.iteration is not None and self.iteration.device == _indexed(device)
         return on_device and self.published == iteration
 
     def publish(self, config: Any, iteration: int, device: torch.device) -> None:
@@ -60,7 +68,7 @@ class ReplayableStep:
         it already; outside any graph capture (a fill inside one would be frozen into the graph)."""
         if isinstance(iteration, bool) or not isinstance(iteration, int) or not 0 <= iteration <= _INT64_MAX:
             raise ValueError(f"ReplayableStep.publish: iteration={iteration!r} must be an integer in [0, 2**63).")
-        device = torch.device(device)
+        device = _indexed(device)
         if self.holds(iteration, device):
             return
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
