@@ -107,19 +107,13 @@ def test_an_unknown_core_attention_is_refused_at_finalize(providers):
 
 
 @pytest.mark.parametrize("legacy_scope", [False, True], ids=["cuda_graph_impl", "legacy_cuda_graph_scope"])
-def test_a_full_iteration_cuda_graph_with_noise_on_is_refused_at_finalize(providers, legacy_scope):
-    """The graph would capture the noise kernel with host-integer keys: every replayed step, the same noise."""
-    from nemo_noise_plugin.validation import SettingError
-
+def test_a_full_iteration_cuda_graph_builds_a_model_with_replayable_noise_keys(providers, legacy_scope):
+    """Bridge replays one captured step: the noisy model then reads its noise keys from device memory (published
+    before each step by PublishNoiseStep), so every replay adds its own step's noise (tests/gpu: an H100 run)."""
     graph = {"cuda_graph_scope": "full_iteration"} if legacy_scope else {"cuda_graph_impl": "full_iteration"}
-    settings = dict(graph, use_te_rng_tracker=True)
-    message = (
-        r"NoisyGPTModelProvider\.cuda_graph_impl='full_iteration' is invalid: expected 'none', 'local' or "
-        r"'transformer_engine' \(per-layer graphs\) while embedding noise is on: a full-iteration CUDA graph would "
-        r"replay the captured step's noise every step \(Bridge's loop does not yet publish the plugin's replayable "
-        r"noise keys"
-    )
-    with pytest.raises(SettingError, match=message):
-        _cpu_provider(providers.NoisyGPTModelProvider, **settings)
-    plain_run = _cpu_provider(providers.NoisyGPTModelProvider, noise=NoiseConfig(enabled=False), **settings)
-    assert plain_run.cuda_graph_impl == "full_iteration"
+    graphed = _cpu_provider(providers.NoisyGPTModelProvider, use_te_rng_tracker=True, **graph)
+    assert graphed.cuda_graph_impl == "full_iteration" and graphed.replays_training_steps
+    assert graphed.provide().noise_layer.replayable_step is not None
+    eager = _cpu_provider(providers.NoisyGPTModelProvider)
+    assert not eager.replays_training_steps
+    assert eager.provide().noise_layer.replayable_step is None

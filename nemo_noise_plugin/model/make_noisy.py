@@ -41,7 +41,9 @@ def _noisy_class_for(model_class: type) -> type:
     return type(f"Noisy{model_class.__name__}", (NoiseInjectionMixin, model_class), {"__module__": __name__})
 
 
-def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig, *, checked: bool = False) -> torch.nn.Module:
+def make_noisy(
+    model: torch.nn.Module, noise_config: NoiseConfig, *, checked: bool = False, replayable: bool = False
+) -> torch.nn.Module:
     """Make an already built Megatron-Core GPT or hybrid model noisy, in place, and return the (unwrapped) model.
 
     Accepts a ``GPTModel`` or ``HybridModel`` (or subclass) or one wrapped in DDP/FSDP/``Float16Module``. Only this
@@ -57,6 +59,8 @@ def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig, *, checked: bo
         noise_config: the noise settings (``NoiseConfig``, or ``load_noise_config("neftune_alpha5")`` for a preset).
         checked: the caller has checked ``noise_config`` as it is now (a provider past its ``finalize``, a config just
             constructed by ``dataclasses.replace``), so it is not checked again.
+        replayable: keep each step's noise keys in device memory (``init_noise(..., replayable=True)``), for a
+            training step that a CUDA graph replays; the same noise values.
 
     Returns:
         The unwrapped model, now an instance of the noisy subclass (the same object as the wrapper's module).
@@ -72,7 +76,7 @@ def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig, *, checked: bo
         noise_config.validate()
     inner = unwrap_model(model)
     if isinstance(inner, NoiseInjectionMixin):
-        inner.init_noise(noise_config)
+        inner.init_noise(noise_config, replayable=replayable)
         return inner
     if not isinstance(inner, (GPTModel, HybridModel)):
         raise TypeError(
@@ -80,7 +84,7 @@ def make_noisy(model: torch.nn.Module, noise_config: NoiseConfig, *, checked: bo
             f"got {type(inner).__name__}."
         )
     inner.__class__ = _noisy_class_for(type(inner))
-    inner.init_noise(noise_config)
+    inner.init_noise(noise_config, replayable=replayable)
     return inner
 
 

@@ -130,8 +130,14 @@ class NoiseProviderMixin:
                 UserWarning,
                 stacklevel=2,
             )
-        super().finalize()  # TransformerConfig's checks: a legacy cuda_graph_scope="full_iteration" becomes the impl
-        check_noise_graph_mode(f"{self.provider_name}.cuda_graph_impl", self.noise, self.cuda_graph_impl)
+        super().finalize()
+
+    @property
+    def replays_training_steps(self) -> bool:
+        """Whether Bridge will replay each training step from one CUDA graph (``cuda_graph_impl="full_iteration"``):
+        then the noisy model keeps its noise keys in device memory (``noise/replayable.py``), published before each
+        step by ``training.noise_step_publisher.PublishNoiseStep``, so every replay adds its own step's noise."""
+        return import_bridge("megatron.bridge.utils.cuda_graph").is_full_iteration_cuda_graph(self)
 
     def validate_noise(self) -> None:
         """Check ``noise``: a ``NoiseConfig`` (``TypeError`` otherwise) whose fields are valid now (``ValueError``)."""
@@ -147,26 +153,10 @@ class NoiseProviderMixin:
         if self.core_attention == "sdpa":  # after Bridge's provide, which puts DotProductAttention back in local specs
             use_sdpa_attention(model)
         if should_attach_noise(vp_stage):
-            make_noisy(model, noise, checked=True)
+            make_noisy(model, noise, checked=True, replayable=self.replays_training_steps)
         else:  # no noise here, but the plugin's schedule-plan nodes all the same (see PluginSchedulePlanMixin)
             use_plugin_schedule_plan(model)
         return model
-
-
-def check_noise_graph_mode(setting: str, noise: Any, cuda_graph_impl: Any) -> None:
-    """``SettingError`` for a full-iteration CUDA graph with noise on: the graph captures the noise kernel with its
-    iteration key as a host integer, so every replayed step would add the capture step's noise. The replayable keys
-    (``noise/replayable.py``) replay correctly under a CUDA graph, but Bridge's loop does not publish them before each
-    step yet, so the refusal stays."""
-    if cuda_graph_impl == "full_iteration" and isinstance(noise, NoiseConfig) and noise.is_active_configuration:
-        raise SettingError(
-            setting,
-            cuda_graph_impl,
-            "'none', 'local' or 'transformer_engine' (per-layer graphs) while embedding noise is on",
-            why=": a full-iteration CUDA graph would replay the captured step's noise every step (Bridge's loop does "
-            "not yet publish the plugin's replayable noise keys before each step; set model.noise.enabled=false to "
-            "graph a plain run)",
-        )
 
 
 def _noise_config_of(provider: NoiseProviderMixin) -> NoiseConfig:

@@ -36,9 +36,24 @@ __all__ = ["distillation_forward_step", "noise_forward_step", "sync_noise_clock"
 
 
 def sync_noise_clock(model: torch.nn.Module, iteration: int) -> None:
-    """Point a noisy chunk's clock at ``iteration`` unless it is already there (keeps the microbatch count)."""
+    """Point a noisy chunk's clock at ``iteration`` unless it is already there (keeps the microbatch count).
+
+    A chunk with replayable noise keys (built for a full-iteration CUDA graph) must have had them published for
+    ``iteration`` before the step (``training.noise_step_publisher.PublishNoiseStep``): the graph's replays do not run
+    this function, so without the callback every replayed step would add the captured step's noise. A clear
+    ``RuntimeError`` otherwise, at the first (eager) step."""
     inner = unwrap_model(model)
-    if isinstance(inner, NoiseInjectionMixin) and inner.training and inner.noise_clock.iteration != iteration:
+    if not isinstance(inner, NoiseInjectionMixin) or not inner.training:
+        return
+    replayable = inner.noise_layer.replayable_step
+    if replayable is not None and replayable.published != iteration:
+        raise RuntimeError(
+            f"the noise keys of step {iteration} were not published before it (they hold step "
+            f"{replayable.published}): a model built for cuda_graph_impl='full_iteration' needs "
+            "nemo_noise_plugin.training.noise_step_publisher.PublishNoiseStep() in Bridge's callbacks (the plugin's "
+            "launchers add it)."
+        )
+    if inner.noise_clock.iteration != iteration:
         inner.noise_clock.start_iteration(iteration)
 
 

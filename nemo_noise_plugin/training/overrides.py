@@ -109,9 +109,8 @@ def validate_plugin_settings(config: Any) -> None:
     ``ConfigOverrideError`` naming the key.
 
     Refuses a run that would train nothing (``train.train_iters`` < 1), a learning rate that is not a finite
-    number > 0, a plugin provider's ``core_attention`` outside ``CORE_ATTENTION``, and a full-iteration CUDA graph
-    with noise on (both also refused at ``finalize``; here so that a dry run says it). Call it before any model is
-    built (``jobs.launch.launcher.launch`` does). The
+    number > 0, and a plugin provider's ``core_attention`` outside ``CORE_ATTENTION`` (also refused at ``finalize``;
+    here so that a dry run says it). Call it before any model is built (``jobs.launch.launcher.launch`` does). The
     noise and KD settings are not checked here: their gates are construction and the provider's ``finalize``
     (docs/bridge_config.md).
     """
@@ -130,19 +129,6 @@ def validate_plugin_settings(config: Any) -> None:
 
         try:
             check_choice("model.core_attention", attention, CORE_ATTENTION)  # the provider's finalize check
-        except SettingError as refused:
-            raise ConfigOverrideError(str(refused)) from None
-    model = getattr(config, "model", None)
-    scope = getattr(model, "cuda_graph_scope", None)
-    legacy_full = scope == "full_iteration" or (isinstance(scope, list | tuple) and "full_iteration" in scope)
-    impl = "full_iteration" if legacy_full else getattr(model, "cuda_graph_impl", None)
-    if impl == "full_iteration":
-        from nemo_noise_plugin.providers import check_noise_graph_mode
-
-        try:
-            check_noise_graph_mode(
-                "model.cuda_graph_impl", getattr(model, "noise", None), impl
-            )  # the provider's finalize check
         except SettingError as refused:
             raise ConfigOverrideError(str(refused)) from None
 

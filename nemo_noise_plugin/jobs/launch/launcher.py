@@ -334,6 +334,7 @@ def launch(
         launch(tiny_noise_sft_config(), ["train.train_iters=20", "model.noise.alpha=10"], allow_cpu_loop=True)
     """
     from nemo_noise_plugin.jobs.progress import FiniteLossGuard
+    from nemo_noise_plugin.training.noise_step_publisher import PublishNoiseStep
     from nemo_noise_plugin.training.overrides import apply_overrides, validate_plugin_settings
 
     on_gpu = cuda_available()
@@ -347,7 +348,7 @@ def launch(
         check_cpu_loop_settings(config)
     check_run_settings(config)
     step = forward_step or forward_step_for(config)
-    callbacks = [*(callbacks or []), FiniteLossGuard()]
+    callbacks = [PublishNoiseStep(), *(callbacks or []), FiniteLossGuard()]  # the keys first: a graph replays them
     if not on_gpu:
         from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
 
