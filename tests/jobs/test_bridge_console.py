@@ -189,7 +189,7 @@ LAUNCH_WITH_A_FAKE_GPU = textwrap.dedent(
 
         manager = normalize_callbacks(callbacks)
         state = SimpleNamespace(cfg=config, train_state=SimpleNamespace(step=0))
-        context = SimpleNamespace(state=state, loss_dict={"lm loss": torch.tensor(5.25)})
+        context = SimpleNamespace(state=state, model=[], loss_dict={"lm loss": torch.tensor(5.25)})  # as Bridge's
         for event in events:
             manager.fire(event, context)
 
