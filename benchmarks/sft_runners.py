@@ -275,6 +275,7 @@ class PluginGpuRunner:
         from megatron.core.rerun_state_machine import RerunDataIterator
 
         from benchmarks.distillation_step import BridgeRun
+        from nemo_noise_plugin.training.noise_step_publisher import PublishNoiseStep
         from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
         self.run = BridgeRun(name, total_steps, model_and_step, config_for)
@@ -289,7 +290,19 @@ class PluginGpuRunner:
                 torch.cuda.synchronize()
                 ends.append(time.perf_counter())
 
-        self.run.callbacks.add([EndMarker()])
+        self.step_graph = None
+        runner = self
+
+        class StepGraphKeeper(base):
+            """Keeps the full-iteration graph once captured: Megatron holds one per process in a class attribute
+            and Bridge's ``train()`` deletes it on return, so the re-entered loop puts it back (``steps``)."""
+
+            def on_train_step_end(self, context) -> None:
+                from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
+                runner.step_graph = runner.step_graph or FullCudaGraphWrapper.cuda_graph.get("training")
+
+        self.run.callbacks.add([PublishNoiseStep(), EndMarker(), StepGraphKeeper()])  # publisher: as the launchers
 
     @property
     def losses(self) -> list[float]:
@@ -297,8 +310,12 @@ class PluginGpuRunner:
 
     def steps(self, count: int) -> list[float]:
         """Run ``count`` more steps of Bridge's loop; each step's wall time (step end to step end) in seconds."""
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
         torch.cuda.synchronize()
         self.ends.clear()
+        if self.step_graph is not None:
+            FullCudaGraphWrapper.cuda_graph["training"] = self.step_graph
         mark = time.perf_counter()
         self.run.steps(count)
         marks = [mark, *self.ends]

@@ -7,6 +7,11 @@ bf16, AdamW (betas 0.9/0.999, eps 1e-8, no weight decay, constant lr, clip 1.0) 
   ``noise_forward_step`` in Bridge's ``setup`` + ``train`` (re-entered a few steps at a time), Megatron's local spec;
   ``plugin_off_sdpa`` / ``plugin_on_sdpa``: the same with the local spec's core attention on PyTorch's SDPA
   (``local_spec_settings("sdpa")``, ``model/sdpa_attention.py``);
+- ``plugin_on_graph``: ``plugin_on_sdpa`` with one CUDA graph per step (``recipes.step_graph.use_step_graph``:
+  Bridge's ``full_iteration`` graph, captured after 2 eager steps, replayable noise keys published by
+  ``PublishNoiseStep``), its micro-batches the same samples padded to ``seq`` (the graph replays fixed shapes; the
+  padding is masked, so the loss is the same and tokens/s counts the unpadded batch as for every runner). Megatron
+  keeps one training graph per process, so one graph runner per run;
 - ``plugin_off_again``: the A/A control, ``plugin_off`` itself measured in a second slot of every repeat;
 - ``trl_off`` / ``trl_on``: TRL's ``SFTTrainer.train()`` (``neftune_noise_alpha`` None / ``--alpha``), bf16 AMP;
 - ``plain``: a transformers model, fused torch AdamW, bf16 autocast: the floor of what the host can launch.
@@ -67,26 +72,34 @@ PRESETS = {  # seq, global batch, micro-batch, lr, repeats, steps, discard, warm
     "llama-1b": dict(seq=2048, global_batch=8, micro_batch=2, lr=3e-4, repeats=4, steps=4, discard=1, warm=2),
     "tiny": dict(seq=128, global_batch=4, micro_batch=2, lr=1e-3, repeats=1, steps=2, discard=0, warm=0),
 }
-PLUGIN_RUNNERS = (  # name, noise on, the local spec's core attention (recipes.common.CORE_ATTENTION)
-    ("plugin_off", False, "unfused"),
-    ("plugin_on", True, "unfused"),
-    ("plugin_off_sdpa", False, "sdpa"),
-    ("plugin_on_sdpa", True, "sdpa"),
+PLUGIN_RUNNERS = (  # name, noise on, the local spec's core attention (model.sdpa_attention), one graph per step
+    ("plugin_off", False, "unfused", False),
+    ("plugin_on", True, "unfused", False),
+    ("plugin_off_sdpa", False, "sdpa", False),
+    ("plugin_on_sdpa", True, "sdpa", False),
+    ("plugin_on_graph", True, "sdpa", True),
 )
+GRAPH_RUNNERS = tuple(name for name, _, _, graph in PLUGIN_RUNNERS if graph)
+TRL_REFERENCE = "trl_on"
+"""The runner each plugin runner's speed-up is paired against (``vs trl_on``: TRL's step time over the runner's)."""
 BASELINE = "plugin_off"
 """The runner every ratio is taken against (``--baseline`` picks another plugin runner); measured twice per repeat,
 the second time as ``<baseline>_again``, the A/A control."""
-PROFILED = ("plugin_off", "plugin_on", "plugin_on_sdpa", "plain")  # main-thread runners (TRL's runs in a thread)
+PROFILED = ("plugin_off", "plugin_on", "plugin_on_sdpa", "plugin_on_graph", "plain")  # main thread (TRL: its own)
 
 
-def plugin_config(model: str, model_path: str, settings: dict, alpha: float | None, attention: str = "unfused"):
+def plugin_config(
+    model: str, model_path: str, settings: dict, alpha: float | None, attention: str = "unfused", graph: bool = False
+):
     """The plugin's provider of the HF folder ``model_path`` (its weights; noise ``alpha`` or disabled) and its Bridge
     config: the SFT recipe's (instruction data) for SmolLM2, the small-GPT recipe's (mock data) for ``llama-1b``,
     with this benchmark's schedule (constant lr, no warm-up, no evaluation, no checkpoints); ``attention``: the local
-    spec's core attention (``recipes.common.CORE_ATTENTION``)."""
+    spec's core attention (``recipes.common.CORE_ATTENTION``); ``graph``: one CUDA graph per training step
+    (``recipes.step_graph.use_step_graph``)."""
     from nemo_noise_plugin.noise.config import NoiseConfig
     from nemo_noise_plugin.recipes.common import bf16_settings, local_spec_settings, noisy_provider
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
+    from nemo_noise_plugin.recipes.step_graph import use_step_graph
     from nemo_noise_plugin.recipes.tiny import small_gpt_config
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
@@ -116,7 +129,7 @@ def plugin_config(model: str, model_path: str, settings: dict, alpha: float | No
     config.optimizer.min_lr = config.optimizer.lr
     config.logger.log_interval = 10_000
     config.checkpoint.save = config.checkpoint.load = None
-    return config
+    return use_step_graph(config) if graph else config
 
 
 def random_llama_folder(tokenizer_path: str, dims: dict | None = None) -> str:
@@ -132,13 +145,14 @@ def random_llama_folder(tokenizer_path: str, dims: dict | None = None) -> str:
     return folder
 
 
-def instruction_batches(hf_path: str, settings: dict, count: int) -> list[dict]:
+def instruction_batches(hf_path: str, settings: dict, count: int, fixed_width: bool = False) -> list[dict]:
     """``count`` micro-batches of the shipped instruction set through the recipe's Bridge finetuning pipeline
-    (chat template, answer-only loss mask), consecutive samples from the first, on the host."""
+    (chat template, answer-only loss mask), consecutive samples from the first, on the host; ``fixed_width``: every
+    row padded to ``seq`` (the step graph's dataset setting, ``pad_to_max_length``), else to its batch's longest."""
     from nemo_noise_plugin.jobs.batches import collate, recipe_datasets, setup_tokenizer
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 
-    config = plugin_config("smollm2", hf_path, settings, None)
+    config = plugin_config("smollm2", hf_path, settings, None, graph=fixed_width)
     state = import_bridge("megatron.bridge.training.state").GlobalState()
     state.cfg = config
     setup_tokenizer(state)
@@ -155,19 +169,22 @@ def hf_model(model_path: str):
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
 
 
-def runner_builders(args, settings: dict, batches: Batches, total: int) -> dict:
-    """``{name: build()}`` for every runner on ``args.device`` (TRL's only when trl is installed)."""
+def runner_builders(args, settings: dict, batches: Batches, fixed: Batches | None, total: int) -> dict:
+    """``{name: build()}`` for every runner on ``args.device`` (TRL's only when trl is installed; the graph runner
+    only on a GPU, on ``fixed``: the same micro-batches padded to ``seq``)."""
     from nemo_noise_plugin.training.forward_step import noise_forward_step
 
     builders: dict = {}
-    for name, alpha, attention in PLUGIN_RUNNERS:
+    for name, alpha, attention, graph in PLUGIN_RUNNERS:
         alpha = args.alpha if alpha else None
+        if graph and (args.device != "cuda" or fixed is None):
+            continue
         if args.device == "cuda":
 
-            def build(name=name, alpha=alpha, attention=attention):
-                config = plugin_config(args.model, args.model_path, settings, alpha, attention)
+            def build(name=name, alpha=alpha, attention=attention, graph=graph):
+                config = plugin_config(args.model, args.model_path, settings, alpha, attention, graph)
                 return PluginGpuRunner(name, 2 * total, lambda mode: (config.model, noise_forward_step),
-                                       lambda provider: config, batches)  # fmt: skip
+                                       lambda provider: config, fixed if graph else batches)  # fmt: skip
         else:
 
             def build(alpha=alpha, attention=attention):
@@ -227,7 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--alpha", type=float, default=5.0, help="NEFTune alpha of the noise-on runners")
     parser.add_argument(
-        "--baseline", default=BASELINE, choices=[name for name, _, _ in PLUGIN_RUNNERS],
+        "--baseline", default=BASELINE, choices=[name for name, *_ in PLUGIN_RUNNERS if name not in GRAPH_RUNNERS],
         help="the plugin runner the ratios are taken against, measured twice per repeat (A/A control)",
     )  # fmt: skip
     for key in ("seq", "global_batch", "micro_batch", "repeats", "steps", "discard", "warm"):
@@ -235,8 +252,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, help="default: the --model preset's")
     parser.add_argument(
         "--runners",
-        help="comma-separated subset of plugin_on, plugin_off_sdpa, plugin_on_sdpa, trl_off, trl_on, plain "
-        "(the --baseline runner always runs)",
+        help="comma-separated subset of plugin_on, plugin_off_sdpa, plugin_on_sdpa, plugin_on_graph, trl_off, "
+        "trl_on, plain (the --baseline runner always runs)",
     )
     parser.add_argument(
         "--profile", type=int, default=0, metavar="STEPS",
@@ -260,17 +277,26 @@ def main(argv: list[str] | None = None) -> dict:
     total = settings["warm"] + settings["repeats"] * settings["steps"]
     count = 2 * total * micro  # the A/A control's runner takes twice the steps
     args.model_path = args.hf_path
+    baseline, control = args.baseline, f"{args.baseline}_again"
+    wanted = {baseline, *(args.runners.split(",") if args.runners else [name for name, *_ in PLUGIN_RUNNERS])}
+    if not args.runners:
+        wanted |= {"trl_off", "trl_on", "plain"}
+    fixed = None
     if args.model == "llama-1b":
         args.model_path = random_llama_folder(args.hf_path, LLAMA_1B)
         rows = synthetic_batches(count, settings["micro_batch"], settings["seq"], LLAMA_1B["vocab_size"])
+        fixed = Batches(rows, micro)  # every row already fills seq
     else:
         rows = instruction_batches(args.hf_path, settings, count)
+        if wanted & set(GRAPH_RUNNERS) and args.device == "cuda":
+            fixed = Batches(instruction_batches(args.hf_path, settings, count, fixed_width=True), micro)
     batches = Batches(rows, micro)
     runners, resident = {}, {}
-    builders = runner_builders(args, settings, batches, total)
-    baseline, control = args.baseline, f"{args.baseline}_again"
-    wanted = {baseline, *(args.runners.split(",") if args.runners else builders)}
-    for name, build in [(name, build) for name, build in builders.items() if name in wanted]:
+    builders = runner_builders(args, settings, batches, fixed, total)
+    # the graph runner first: Bridge's setup replaces process-wide state (the rerun state machine) that its capture
+    # reads, and the runners built after it keep their own settings for their eager steps
+    order = sorted((name for name in builders if name in wanted), key=lambda name: name not in GRAPH_RUNNERS)
+    for name, build in [(name, builders[name]) for name in order]:
         before = allocated(args.device)
         runners[name] = Metered(build(), args.device)
         runners[name].steps(settings["warm"]) if settings["warm"] else None
@@ -315,9 +341,13 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
             "answer_tokens_per_s": answer_tokens / (step_ms / 1000),
             "baseline": baseline,
             "vs_plugin_off": ratio_summary(measured[name], measured[baseline]),
+            "trl_step_over_this": ratio_summary(measured[TRL_REFERENCE], measured[name])
+            if TRL_REFERENCE in measured
+            else None,
             "peak_memory_gib": peak / 2**30 if peak is not None else None,
             "core_attention": core_attention_of(runner.runner),
             "noise_in_lookup": noise_path_of(runner.runner),
+            "step_graph": getattr(runner.runner, "step_graph", None) is not None,
             "losses": list(runner.runner.losses),
             "tokens_per_step": [c[0] for c in counts],
             "answer_tokens_per_step": [c[1] for c in counts],
@@ -364,8 +394,9 @@ def summary_table(args, settings, all_tokens: float, answer_tokens: float, resul
         f"{settings['repeats']} interleaved repeats x "
         f"{settings['steps']} steps (first {settings['discard']} dropped), NEFTune alpha {args.alpha}",
         "",
-        f"| runner | step (ms) | tokens/s | answer tokens/s | vs {args.baseline} | peak GiB | loss first -> last 3 |",
-        "|---|---|---|---|---|---|---|",
+        f"| runner | step (ms) | tokens/s | answer tokens/s | vs {args.baseline} | {TRL_REFERENCE} step / this step "
+        "| peak GiB | loss first -> last 3 |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, entry in results.items():
         losses = entry["losses"]
@@ -374,7 +405,8 @@ def summary_table(args, settings, all_tokens: float, answer_tokens: float, resul
         peak = f"{entry['peak_memory_gib']:.2f}" if entry["peak_memory_gib"] is not None else "-"
         lines.append(
             f"| `{name}` | {entry['median_step_ms']:.1f} | {entry['tokens_per_s']:.0f} | "
-            f"{entry['answer_tokens_per_s']:.0f} | {format_ratio(entry['vs_plugin_off'])} | {peak} | "
+            f"{entry['answer_tokens_per_s']:.0f} | {format_ratio(entry['vs_plugin_off'])} | "
+            f"{format_ratio(entry['trl_step_over_this']) if entry['trl_step_over_this'] else '-'} | {peak} | "
             f"{head:.4f} -> {tail:.4f} |"
         )
     return "\n".join(lines)

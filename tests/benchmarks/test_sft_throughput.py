@@ -120,3 +120,28 @@ def test_another_baseline_takes_the_ratios_and_the_aa_control_without_the_plain_
     assert found["plugin_off_sdpa"]["tokens_per_step"] == found["plugin_on_sdpa"]["tokens_per_step"]
     assert len(found["plugin_on_sdpa"]["tokens_per_step"]) == 2
     assert "| vs plugin_off_sdpa |" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_step_graphs_fixed_width_batches_train_as_the_per_batch_padded_ones(tiny_llama_dir):
+    """The graph runner's micro-batches (``pad_to_max_length``, every row ``seq`` wide) are the same samples with more
+    masked padding: the noisy model's losses are those of the per-batch padded ones (causal attention; the noise's
+    NEFTune length comes from the loss mask), so its tokens/s counts the same tokens."""
+    from benchmarks.sft_runners import Batches, PluginCpuRunner
+    from nemo_noise_plugin.training.forward_step import noise_forward_step
+
+    settings = dict(sft_throughput.PRESETS["tiny"], global_batch=2, micro_batch=2, seq=192)
+    padded = sft_throughput.instruction_batches(str(tiny_llama_dir), settings, 2)
+    fixed = sft_throughput.instruction_batches(str(tiny_llama_dir), settings, 2, fixed_width=True)
+    assert {batch["tokens"].shape[-1] for batch in fixed} == {settings["seq"]}
+    assert max(batch["tokens"].shape[-1] for batch in padded) < settings["seq"]
+    for short, wide in zip(padded, fixed, strict=True):
+        width = short["tokens"].shape[-1]
+        assert wide["tokens"][:, :width].equal(short["tokens"]) and int(wide["loss_mask"][:, width:].sum()) == 0
+        assert wide["loss_mask"][:, :width].equal(short["loss_mask"])
+    losses = {}
+    for name, rows in (("padded", padded), ("fixed", fixed)):
+        config = sft_throughput.plugin_config("tiny", str(tiny_llama_dir), settings, 5.0, "sdpa")
+        runner = PluginCpuRunner(config, noise_forward_step, Batches(rows, 1), settings["lr"])
+        runner.steps(2)
+        losses[name] = runner.losses
+    assert losses["fixed"] == pytest.approx(losses["padded"], rel=1e-5)

@@ -181,6 +181,7 @@ def check_run_settings(
     """
 
     from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
+    from nemo_noise_plugin.recipes.step_graph import check_fixed_width_batches
 
     if config.checkpoint.save and folders_here:
         check_output_dir(config.checkpoint.save, "checkpoint.save", create=not dry)
@@ -209,6 +210,7 @@ def check_run_settings(
         if size is not None and not _positive_int(size):  # 0 layers trained nothing, then divided by zero
             raise ValueError(f"model.{name}={size!r} is invalid: expected an integer >= 1.")
     _check_sizes(config)
+    check_fixed_width_batches(config)
     noise = getattr(model, "noise", None)
     if noise is not None and _positive_int(getattr(model, "hidden_size", None)):  # what the model's build refuses
         from nemo_noise_plugin.noise.bounds import check_noise_fits

@@ -1,0 +1,68 @@
+"""``recipes.step_graph``: the full-iteration CUDA graph's settings, and the refusal of SFT batches it cannot replay.
+
+The graph itself needs CUDA (tests/gpu/test_full_iteration_graph_gpu.py; the SmolLM2 step time with it:
+benchmarks/SFT_THROUGHPUT.md); here the settings, the overrides that reach them, and the check that runs before any
+model is built.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
+from nemo_noise_plugin.recipes.step_graph import STEP_GRAPH_WARMUP_STEPS, check_fixed_width_batches, use_step_graph
+from nemo_noise_plugin.training.overrides import apply_overrides
+from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from nemo_noise_plugin.validation import SettingError
+from tests.support.chat_sft import tiny_chat_sft_config, write_chat_tokenizer
+
+
+@pytest.fixture
+def sft_config(tmp_path):
+    tokenizer_dir = write_chat_tokenizer(tmp_path / "tokenizer")
+    return tiny_chat_sft_config(tmp_path / "run", tokenizer_dir)
+
+
+def test_the_step_graph_sets_what_bridges_full_iteration_graph_needs(sft_config):
+    is_full_iteration = import_bridge("megatron.bridge.utils.cuda_graph").is_full_iteration_cuda_graph
+    assert not is_full_iteration(sft_config.model)
+    sft_config.dataset.dataset_kwargs = {"answer_only_loss": True}  # kept beside the padding
+    assert use_step_graph(sft_config) is sft_config
+    model = sft_config.model
+    assert is_full_iteration(model) and model.replays_training_steps  # the noise gets replayable keys
+    assert (model.cuda_graph_warmup_steps, model.use_te_rng_tracker) == (STEP_GRAPH_WARMUP_STEPS, True)
+    assert sft_config.rerun_state_machine.check_for_nan_in_loss is False  # Bridge refuses it under the graph
+    assert sft_config.dataset.dataset_kwargs == {"answer_only_loss": True, "pad_to_max_length": True}
+    check_fixed_width_batches(sft_config)
+    check_run_settings(sft_config, dry=True)
+    assert use_step_graph(sft_config, warmup_steps=5).model.cuda_graph_warmup_steps == 5
+
+
+@pytest.mark.parametrize("warmup_steps", [0, -1, 1.5, True, "2"])
+def test_a_warmup_that_is_not_a_positive_integer_is_refused(sft_config, warmup_steps):
+    with pytest.raises(SettingError, match=r"warmup_steps=.* is invalid: expected an integer >= 1"):
+        use_step_graph(sft_config, warmup_steps=warmup_steps)
+
+
+def test_a_full_iteration_graph_over_sft_rows_padded_per_batch_is_refused_before_any_build(sft_config):
+    """``model.cuda_graph_impl=full_iteration`` alone: the launcher's check names the padding setting; the override
+    it suggests is accepted and passes."""
+    apply_overrides(sft_config, ["model.cuda_graph_impl=full_iteration"])
+    with pytest.raises(SettingError) as refused:
+        check_run_settings(sft_config, dry=True)
+    message = str(refused.value)
+    assert message.startswith("dataset.dataset_kwargs.pad_to_max_length=None is invalid with ")
+    assert "model.cuda_graph_impl=full_iteration: expected true" in message
+    assert "dataset.dataset_kwargs={pad_to_max_length:true}" in message
+    apply_overrides(sft_config, ["dataset.dataset_kwargs={pad_to_max_length:true}"])
+    assert sft_config.dataset.dataset_kwargs == {"pad_to_max_length": True}
+    check_fixed_width_batches(sft_config)
+
+
+def test_eager_runs_and_mock_data_need_no_padding(sft_config, tmp_path):
+    from nemo_noise_plugin.recipes.tiny import tiny_noise_sft_config
+
+    check_fixed_width_batches(sft_config)  # no graph: rows padded per batch are fine
+    mock = tiny_noise_sft_config(str(tmp_path / "tiny"))
+    mock.model.cuda_graph_impl = "full_iteration"
+    check_fixed_width_batches(mock)  # Megatron's mock GPT data is always seq_length wide
