@@ -8,6 +8,7 @@
 #   call 3, carry .gguf2:        bash benchmarks/sft_throughput_session.sh chunk    (chunk 2 to /tmp)
 #   call 4, carry .gguf3:        bash benchmarks/sft_throughput_session.sh smollm2  (reassemble, convert, SmolLM2 table)
 #   call 5:                      bash benchmarks/sft_throughput_session.sh llama1b  (the Llama-3.2-1B architecture table)
+#   or, after calls 1-3:         bash benchmarks/sft_throughput_session.sh recipes  (tests/gpu/test_smollm2_gpu.py)
 # .whl: ../shared/device/fetch-wheels.sh -r ../shared/device/bridge-gpu-wheels.txt;
 # .whl2: ../shared/device/fetch-wheels.sh gguf==0.19.0 trl==1.16.0 accelerate==1.15.0, moved to .whl2/ (the two
 #        sets do not fit one carry with the tree);
@@ -47,6 +48,16 @@ case "$stage" in
     MASTER_PORT=29541 timeout ${STAGE_S:-540} python3 benchmarks/sft_throughput.py --model smollm2 --hf-path "$(hf_folder)" \
       --out $OUT/${NAME:-sft_smollm2} ${EXTRA:-} 2>&1 | grep -v -i warn | tee $OUT/${NAME:-sft_smollm2}.log | tail -20
     pack ${NAME:-sft_smollm2} ;;
+  recipes)  # the SmolLM2 recipes' GPU tests under their defaults (TESTS: pytest -k; the GGUF as for smollm2)
+    if ! find /tmp/models -name config.json 2>/dev/null | grep -q .; then
+      copy_chunks; cat /tmp/gguf/part0? > $GGUF; sha256sum $GGUF
+      python3 scripts/fetch_smollm2.py --gguf $GGUF 2>&1 | tail -3
+    fi
+    mkdir -p $OUT/${NAME:-recipes}
+    NEMO_NOISE_GPU_RESULTS=$OUT/${NAME:-recipes} timeout ${STAGE_S:-540} python3 -m pytest -v -s -p no:cacheprovider \
+      tests/gpu/test_smollm2_gpu.py -k "${TESTS:-sft or finetune_command}" 2>&1 | grep -v -i warn \
+      | tee $OUT/${NAME:-recipes}.log | tail -30
+    pack ${NAME:-recipes} ;;
   llama1b)
     MASTER_PORT=29542 timeout ${STAGE_S:-540} python3 benchmarks/sft_throughput.py --model llama-1b --hf-path "$(hf_folder)" \
       --out $OUT/${NAME:-sft_llama1b} ${EXTRA:-} 2>&1 | grep -v -i warn | tee $OUT/${NAME:-sft_llama1b}.log | tail -20

@@ -9,6 +9,11 @@ chat template, loss on the answers only; ``packed_sequence_size`` turns on Bridg
 Transformer Engine's attention on a GPU). The layer spec is Megatron-Core's local one, so the recipes run anywhere:
 Bridge's loop on a GPU, the plugin's CPU loop without one.
 
+Their step is host-bound at this size, so by default they run it as one CUDA graph (``step_graph``:
+``recipes.step_graph.use_step_graph``, rows padded to ``seq_length``) with the local spec's attention on PyTorch's
+fused kernels (``core_attention="sdpa"``): 5.4x TRL's step at the recipe's batch on one H100
+(benchmarks/SFT_THROUGHPUT.md). ``step_graph=False, core_attention="unfused"`` is the eager recipe of before.
+
     nemo llm finetune -f smollm2_135m_noise_sft -y train.train_iters=20
     python -m nemo_noise_plugin --recipe smollm2_135m_noise_distillation --steps 20
 """
@@ -28,6 +33,7 @@ from nemo_noise_plugin.recipes.common import (
 )
 from nemo_noise_plugin.recipes.registry import register_recipe
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
+from nemo_noise_plugin.validation import SettingError
 
 if TYPE_CHECKING:
     from nemo_noise_plugin.distillation.config import KDConfig
@@ -46,16 +52,22 @@ SMOLLM2_HF_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 """The hub id the SmolLM2 recipes' ``hf_path`` defaults to (``Recipe.hf_model``)."""
 
 
-def smollm2_provider(hf_path: str = SMOLLM2_HF_MODEL, noise: NoiseConfig | None = None, kd: KDConfig | None = None):
+def smollm2_provider(
+    hf_path: str = SMOLLM2_HF_MODEL,
+    noise: NoiseConfig | None = None,
+    kd: KDConfig | None = None,
+    core_attention: str = "unfused",
+):
     """AutoBridge's provider of SmolLM2-135M-Instruct as the plugin's provider (local spec, weights loaded on build).
 
     ``hf_path``: an HF folder of the model (or another of its architecture), or a hub id (default
-    ``SMOLLM2_HF_MODEL``: AutoBridge downloads it). Returns the provider and ``hf_path`` as a string.
+    ``SMOLLM2_HF_MODEL``: AutoBridge downloads it); ``core_attention``: the local spec's attention
+    (``recipes.common.local_spec_settings``). Returns the provider and ``hf_path`` as a string.
     """
     auto_bridge = import_bridge("megatron.bridge").AutoBridge
     source = auto_bridge.from_hf_pretrained(str(hf_path)).to_megatron_provider(load_weights=True)
     provider = noisy_provider(source, noise, kd)
-    for name, value in local_spec_settings().items():
+    for name, value in local_spec_settings(core_attention).items():
         setattr(provider, name, value)
     return provider, str(hf_path)
 
@@ -102,11 +114,26 @@ def instruction_finetuning_config(
 
 
 def _smollm2_recipe(
-    dir: str | None, name: str, hf_path: str, noise: NoiseConfig | None, kd: KDConfig | None, **settings: Any
-):  # fmt: skip
-    """``instruction_finetuning_config`` of ``smollm2_provider`` (a distillation provider with ``kd``)."""
-    provider, hf_path = smollm2_provider(hf_path, noise, kd)
-    return instruction_finetuning_config(provider, hf_path, run_dir=recipe_run_dir(dir, name), **settings)
+    dir: str | None,
+    name: str,
+    hf_path: str,
+    noise: NoiseConfig | None,
+    kd: KDConfig | None,
+    core_attention: str,
+    step_graph: bool | None,
+    **settings: Any,
+):
+    """``instruction_finetuning_config`` of ``smollm2_provider`` (a distillation provider with ``kd``), with one CUDA
+    graph per step when ``step_graph`` is true, or when it is None and the rows are not packed."""
+    from nemo_noise_plugin.recipes.step_graph import use_step_graph
+
+    if step_graph is not None and not isinstance(step_graph, bool):
+        raise SettingError("step_graph", step_graph, "True, False or None (on unless packed_sequence_size is set)")
+    provider, hf_path = smollm2_provider(hf_path, noise, kd, core_attention)
+    config = instruction_finetuning_config(provider, hf_path, run_dir=recipe_run_dir(dir, name), **settings)
+    if step_graph or (step_graph is None and settings["packed_sequence_size"] is None):
+        use_step_graph(config)
+    return config
 
 
 @register_recipe(
@@ -123,14 +150,22 @@ def smollm2_135m_noise_sft_config(
     packed_sequence_size: int | None = None,
     global_batch_size: int = 8,
     micro_batch_size: int = 4,
+    core_attention: str = "sdpa",
+    step_graph: bool | None = None,
 ):
-    """Noisy fine-tuning (NEFTune alpha 5 by default) of SmolLM2-135M-Instruct. Train with ``noise_forward_step``."""
+    """Noisy fine-tuning (NEFTune alpha 5 by default) of SmolLM2-135M-Instruct. Train with ``noise_forward_step``.
+
+    ``step_graph``: one CUDA graph per training step (None: unless ``packed_sequence_size`` is set); ``core_attention``:
+    ``sdpa`` (PyTorch's fused attention) or ``unfused`` (Megatron's local attention), the same weights either way.
+    """
     return _smollm2_recipe(
         dir,
         name,
         hf_path,
         noise,
         None,
+        core_attention,
+        step_graph,
         train_iters=train_iters,
         seq_length=seq_length,
         lr=lr,
@@ -155,14 +190,22 @@ def smollm2_135m_noise_distillation_config(
     packed_sequence_size: int | None = None,
     global_batch_size: int = 8,
     micro_batch_size: int = 4,
+    core_attention: str = "sdpa",
+    step_graph: bool | None = None,
 ):
-    """Noisy SmolLM2 student + frozen clean copy, CE + forward KL. Train with ``distillation_forward_step``."""
+    """Noisy SmolLM2 student + frozen clean copy, CE + forward KL. Train with ``distillation_forward_step``.
+
+    ``step_graph`` and ``core_attention`` as for ``smollm2_135m_noise_sft_config`` (the teacher's forward is in the
+    graph too).
+    """
     return _smollm2_recipe(
         dir,
         name,
         hf_path,
         noise,
         default_kd(kd),
+        core_attention,
+        step_graph,
         train_iters=train_iters,
         seq_length=seq_length,
         lr=lr,

@@ -38,6 +38,14 @@ def use_step_graph(config: Any, warmup_steps: int = STEP_GRAPH_WARMUP_STEPS) -> 
     """
     if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
         raise SettingError("warmup_steps", warmup_steps, "an integer >= 1 (eager steps before the capture)")
+    if getattr(config.dataset, "enable_offline_packing", False):
+        raise SettingError(
+            "dataset.enable_offline_packing",
+            True,
+            "False with the step graph",
+            why=": packed rows under a full-iteration graph also need padded cu_seqlens and Transformer Engine's "
+            "attention, and were not measured here; train packed rows eagerly (a recipe's step_graph=False)",
+        )
     model = config.model
     model.cuda_graph_impl = "full_iteration"
     model.cuda_graph_warmup_steps = warmup_steps

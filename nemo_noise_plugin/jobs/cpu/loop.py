@@ -37,7 +37,8 @@ __all__ = [
 CPU_LOOP_NOTICE = (
     "CPU loop (Bridge's training loop needs CUDA): the recipe's provider, model, data pipeline, forward step\n"
     "and loss, driven by a single-process loop; float32 instead of bf16, torch AdamW instead of Megatron's\n"
-    "optimizer (with the recipe's gradient clipping and Megatron's learning-rate schedule). CPU substitutes in use:"
+    "optimizer (with the recipe's gradient clipping and Megatron's learning-rate schedule), every step eager (a\n"
+    "CUDA graph, model.cuda_graph_impl, needs a GPU). CPU substitutes in use:"
 )
 
 
