@@ -1,6 +1,6 @@
 """A run configured for a full-iteration CUDA graph, on the CPU loop (no graph there): the launcher adds
-``PublishNoiseStep``, the replayable keys give the eager run's losses bit for bit, and a loop without the callback is
-refused at its first step. On a GPU the same run replays one captured step
+``PublishNoiseStep``, the replayable keys give the eager run's losses bit for bit, and ``run_cpu_loop`` called directly
+publishes the steps itself. On a GPU the same run replays one captured step
 (``tests/gpu/test_full_iteration_graph_gpu.py``)."""
 
 from __future__ import annotations
@@ -49,12 +49,17 @@ def test_a_run_for_a_full_iteration_graph_publishes_each_step_and_equals_the_eag
 
 
 @pytest.mark.slow
-def test_a_loop_without_the_publisher_stops_at_its_first_step(tmp_path, monkeypatch):
+def test_the_cpu_loop_publishes_the_steps_itself_when_called_without_the_launcher(tmp_path, monkeypatch):
+    """``run_cpu_loop`` called directly (as a script or a test does) adds ``PublishNoiseStep`` itself: the replayable
+    model trains as through the launcher (the forward step's refusal of an unpublished step:
+    tests/training/test_noise_step_publisher.py)."""
     from nemo_noise_plugin.jobs.cpu.loop import run_cpu_loop
     from nemo_noise_plugin.training.forward_step import noise_forward_step
     from nemo_noise_plugin.training.overrides import apply_overrides
 
     monkeypatch.setenv("MASTER_PORT", str(29600 + torch.randint(0, 900, ()).item()))
-    config = apply_overrides(tiny_noise_sft_config(str(tmp_path / "bare"), train_iters=2), GRAPH)
-    with pytest.raises(RuntimeError, match=r"noise keys of step 0 were not published.*PublishNoiseStep"):
-        run_cpu_loop(config, noise_forward_step)
+    recorder = _Losses()
+    config = tiny_noise_sft_config(str(tmp_path / "bare"), train_iters=3, noise=NoiseConfig(alpha=50.0))
+    run_cpu_loop(apply_overrides(config, GRAPH), noise_forward_step, [recorder])
+    assert recorder.replayable == [True] * 3
+    assert recorder.losses == _run(tmp_path, "eager", GRAPH[1:]).losses  # the launcher's eager run, bit for bit

@@ -86,9 +86,15 @@ def run_cpu_loop(config: Any, forward_step: Callable, callbacks: Sequence[Any] =
     stops, without ``on_train_end``, as Bridge's does) and at the end; a run whose settings match a checkpoint in
     ``checkpoint.load`` resumes from it, with the same noise and batches as an uninterrupted run.
 
-    Model-parallel settings other than 1 are refused first (``check_cpu_loop_settings``).
+    Model-parallel settings other than 1 are refused first (``check_cpu_loop_settings``). A model built for a
+    full-iteration CUDA graph (replayable noise keys) gets its keys published before every step, as the launchers'
+    ``PublishNoiseStep`` does on a GPU (added when ``callbacks`` has none).
     """
     check_cpu_loop_settings(config)
+    from nemo_noise_plugin.training.noise_step_publisher import PublishNoiseStep
+
+    if not any(isinstance(callback, PublishNoiseStep) for callback in callbacks):
+        callbacks = [PublishNoiseStep(), *callbacks]  # a model built for a step graph keeps its keys in tensors
     print(CPU_LOOP_NOTICE)
     for name, role in CPU_SUBSTITUTES.items():
         print(f"  - {name}: {role}")
