@@ -7,7 +7,7 @@ bf16, AdamW (betas 0.9/0.999, eps 1e-8, no weight decay, constant lr, clip 1.0) 
   ``noise_forward_step`` in Bridge's ``setup`` + ``train`` (re-entered a few steps at a time), Megatron's local spec;
   ``plugin_off_sdpa`` / ``plugin_on_sdpa``: the same with the local spec's core attention on PyTorch's SDPA
   (``local_spec_settings("sdpa")``, ``model/sdpa_attention.py``);
-- ``plugin_on_graph``: ``plugin_on_sdpa`` with one CUDA graph per step (``recipes.step_graph.use_step_graph``:
+- ``plugin_on_graph``: ``plugin_on_sdpa`` with one CUDA graph per step (``recipes.common.use_step_graph``:
   Bridge's ``full_iteration`` graph, captured after 2 eager steps, replayable noise keys published by
   ``PublishNoiseStep``), its micro-batches the same samples padded to ``seq`` (the graph replays fixed shapes; the
   padding is masked, so the loss is the same and tokens/s counts the unpadded batch as for every runner). Megatron
@@ -95,11 +95,10 @@ def plugin_config(
     config: the SFT recipe's (instruction data) for SmolLM2, the small-GPT recipe's (mock data) for ``llama-1b``,
     with this benchmark's schedule (constant lr, no warm-up, no evaluation, no checkpoints); ``attention``: the local
     spec's core attention (``recipes.common.CORE_ATTENTION``); ``graph``: one CUDA graph per training step
-    (``recipes.step_graph.use_step_graph``)."""
+    (``recipes.common.use_step_graph``)."""
     from nemo_noise_plugin.noise.config import NoiseConfig
-    from nemo_noise_plugin.recipes.common import bf16_settings, local_spec_settings, noisy_provider
+    from nemo_noise_plugin.recipes.common import bf16_settings, local_spec_settings, noisy_provider, use_step_graph
     from nemo_noise_plugin.recipes.smollm2 import instruction_finetuning_config
-    from nemo_noise_plugin.recipes.step_graph import use_step_graph
     from nemo_noise_plugin.recipes.tiny import small_gpt_config
     from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 

@@ -68,7 +68,6 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
     (LIBRARY, "package", ("",)),
     (LIBRARY, "forward steps, overrides", ("training",)),
     (LIBRARY, "recipes", ("recipes",)),
-    (LIBRARY, "recipe settings", ("recipes.common", "recipes.registry", "recipes.step_graph")),
     (LIBRARY, "task data", ("data.tasks",)),
     (LIBRARY, "provider conversion", ("providers.conversion",)),
     (LIBRARY, "providers, data", ("providers", "data")),

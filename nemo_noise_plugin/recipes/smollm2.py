@@ -10,7 +10,7 @@ Transformer Engine's attention on a GPU). The layer spec is Megatron-Core's loca
 Bridge's loop on a GPU, the plugin's CPU loop without one.
 
 Their step is host-bound at this size, so by default they run it as one CUDA graph (``step_graph``:
-``recipes.step_graph.use_step_graph``, rows padded to ``seq_length``) with the local spec's attention on PyTorch's
+``recipes.common.use_step_graph``, rows padded to ``seq_length``) with the local spec's attention on PyTorch's
 fused kernels (``core_attention="sdpa"``): 5.4x TRL's step at the recipe's batch on one H100
 (benchmarks/SFT_THROUGHPUT.md). ``step_graph=False, core_attention="unfused"`` is the eager recipe of before.
 
@@ -30,6 +30,7 @@ from nemo_noise_plugin.recipes.common import (
     local_spec_settings,
     noisy_provider,
     recipe_run_dir,
+    use_step_graph,
 )
 from nemo_noise_plugin.recipes.registry import register_recipe
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
@@ -125,8 +126,6 @@ def _smollm2_recipe(
 ):
     """``instruction_finetuning_config`` of ``smollm2_provider`` (a distillation provider with ``kd``), with one CUDA
     graph per step when ``step_graph`` is true, or when it is None and the rows are not packed."""
-    from nemo_noise_plugin.recipes.step_graph import use_step_graph
-
     if step_graph is not None and not isinstance(step_graph, bool):
         raise SettingError("step_graph", step_graph, "True, False or None (on unless packed_sequence_size is set)")
     provider, hf_path = smollm2_provider(hf_path, noise, kd, core_attention)

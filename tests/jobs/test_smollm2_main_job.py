@@ -49,6 +49,7 @@ def test_the_main_job_trains_exports_and_reports_the_real_model(smollm2_hf_dir, 
     assert 0.0 <= task["after"]["exact_match"] <= 1.0
     exported = task["export_logits"]  # the reloaded HF model against Megatron's logits, both float32 on the CPU
     assert exported["dtype"] == "float32" and exported["argmax_agreement"] >= 0.999, exported
+    assert exported["decisive_argmax_agreement"] == 1.0 and 0.5 < exported["decisive_fraction"] <= 1.0, exported
     assert exported["max_abs_logit_difference"] < 1e-3, exported
     assert task["exported"] == str(tmp_path / "smollm2_135m_noise_sft" / "reports" / os.readlink(folder) / "hf")
     assert len(task["transformers_replies"]) == CHATS

@@ -1,4 +1,4 @@
-"""``recipes.step_graph``: the full-iteration CUDA graph's settings, and the refusal of SFT batches it cannot replay.
+"""``recipes.common.use_step_graph``: the full-iteration graph's settings, and the refusal of SFT rows it cannot replay.
 
 The graph itself needs CUDA (tests/gpu/test_full_iteration_graph_gpu.py; the SmolLM2 step time with it:
 benchmarks/SFT_THROUGHPUT.md); here the settings, the overrides that reach them, and the check that runs before any
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
-from nemo_noise_plugin.recipes.step_graph import STEP_GRAPH_WARMUP_STEPS, check_fixed_width_batches, use_step_graph
+from nemo_noise_plugin.recipes.common import STEP_GRAPH_WARMUP_STEPS, check_fixed_width_batches, use_step_graph
 from nemo_noise_plugin.training.overrides import apply_overrides
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.validation import SettingError

@@ -181,7 +181,7 @@ def check_run_settings(
     """
 
     from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
-    from nemo_noise_plugin.recipes.step_graph import check_fixed_width_batches
+    from nemo_noise_plugin.recipes.common import check_fixed_width_batches
 
     if config.checkpoint.save and folders_here:
         check_output_dir(config.checkpoint.save, "checkpoint.save", create=not dry)

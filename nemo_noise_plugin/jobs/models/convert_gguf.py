@@ -167,6 +167,7 @@ def convert_gguf(gguf_file: Path, destination: Path) -> None:
     del model
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     _set_special_tokens(tokenizer, _gguf_special_token_ids(reader))
+    tokenizer.init_kwargs.pop("local_files_only", None)  # HF_HUB_OFFLINE's value at conversion, not the folder's
     tokenizer.save_pretrained(destination)
 
 

@@ -22,7 +22,7 @@ import torch
 
 from nemo_noise_plugin.jobs.batches import recipe_tokenizer
 from nemo_noise_plugin.jobs.reports.artifacts import RunReport
-from nemo_noise_plugin.jobs.reports.hf_export import export_hf, hf_generate, hf_logit_agreement
+from nemo_noise_plugin.jobs.reports.hf_export import DECISIVE_MARGIN, export_hf, hf_generate, hf_logit_agreement
 from nemo_noise_plugin.jobs.reports.provenance import describe_report, run_title
 from nemo_noise_plugin.jobs.reports.task_frontier import (
     FRONTIER_ATTACKS,
@@ -220,7 +220,8 @@ class TaskReport(import_bridge("megatron.bridge.training.callbacks").Callback):
         print(
             f"exported to {self.report.path('hf')}; reloaded in transformers ({agreement['dtype']}), logits against "
             f"Megatron's: max |difference| {agreement['max_abs_logit_difference']:.3g}, mean "
-            f"{agreement['mean_abs_logit_difference']:.3g}, argmax agreement {agreement['argmax_agreement']:.4f}; "
+            f"{agreement['mean_abs_logit_difference']:.3g}, argmax agreement {agreement['argmax_agreement']:.4f} "
+            f"({agreement['decisive_argmax_agreement']:.4f} where Megatron's top token leads by > {DECISIVE_MARGIN}); "
             "its answers:"
         )
         for item in self.results["transformers_replies"]:
