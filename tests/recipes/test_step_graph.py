@@ -66,3 +66,50 @@ def test_eager_runs_and_mock_data_need_no_padding(sft_config, tmp_path):
     mock = tiny_noise_sft_config(str(tmp_path / "tiny"))
     mock.model.cuda_graph_impl = "full_iteration"
     check_fixed_width_batches(mock)  # Megatron's mock GPT data is always seq_length wide
+
+
+@pytest.fixture(scope="module")
+def smollm2_config_dir(tmp_path_factory):
+    """A config-only HF folder of SmolLM2's architecture: the recipes read no weights when they build their config."""
+    import json
+
+    from tests.support.recipe_snapshot import SMOLLM2_CONFIG
+
+    folder = tmp_path_factory.mktemp("smollm2_config")
+    (folder / "config.json").write_text(json.dumps(SMOLLM2_CONFIG))
+    return folder
+
+
+def test_the_sft_recipe_graphs_unpacked_rows_by_default_and_the_distillation_recipe_stays_eager(
+    smollm2_config_dir, tmp_path
+):
+    from nemo_noise_plugin.recipes.smollm2 import (
+        smollm2_135m_noise_distillation_config,
+        smollm2_135m_noise_sft_config,
+    )
+
+    common = dict(dir=str(tmp_path), hf_path=str(smollm2_config_dir))
+    sft = smollm2_135m_noise_sft_config(**common)
+    assert (sft.model.cuda_graph_impl, sft.model.core_attention) == ("full_iteration", "sdpa")
+    assert sft.dataset.dataset_kwargs == {"pad_to_max_length": True}
+    packed = smollm2_135m_noise_sft_config(**common, packed_sequence_size=256)
+    assert packed.model.cuda_graph_impl == "none" and not packed.dataset.dataset_kwargs
+    eager = smollm2_135m_noise_sft_config(**common, step_graph=False, core_attention="unfused")
+    assert (eager.model.cuda_graph_impl, eager.model.core_attention) == ("none", "unfused")
+    assert eager.rerun_state_machine.check_for_nan_in_loss is True
+    distillation = smollm2_135m_noise_distillation_config(**common)
+    assert (distillation.model.cuda_graph_impl, distillation.model.core_attention) == ("none", "unfused")
+    graphed = smollm2_135m_noise_distillation_config(**common, step_graph=True)
+    assert graphed.model.cuda_graph_impl == "full_iteration" and graphed.model.replays_training_steps
+
+
+def test_the_recipe_refuses_a_step_graph_over_packed_rows_and_a_step_graph_that_is_not_a_bool(
+    smollm2_config_dir, tmp_path
+):
+    from nemo_noise_plugin.recipes.smollm2 import smollm2_135m_noise_sft_config
+
+    common = dict(dir=str(tmp_path), hf_path=str(smollm2_config_dir))
+    with pytest.raises(SettingError, match=r"dataset.enable_offline_packing=True is invalid: expected False with"):
+        smollm2_135m_noise_sft_config(**common, packed_sequence_size=256, step_graph=True)
+    with pytest.raises(SettingError, match=r"step_graph='yes' is invalid: expected True, False or None"):
+        smollm2_135m_noise_sft_config(**common, step_graph="yes")
