@@ -283,13 +283,14 @@ def main(argv: list[str] | None = None) -> dict:
     fixed = None
     if args.model == "llama-1b":
         args.model_path = random_llama_folder(args.hf_path, LLAMA_1B)
-        rows = synthetic_batches(count, settings["micro_batch"], settings["seq"], LLAMA_1B["vocab_size"])
-        fixed = Batches(rows, micro)  # every row already fills seq
+        batches = Batches(
+            synthetic_batches(count, settings["micro_batch"], settings["seq"], LLAMA_1B["vocab_size"]), micro
+        )
+        fixed = batches  # every row already fills seq
     else:
-        rows = instruction_batches(args.hf_path, settings, count)
+        batches = Batches(instruction_batches(args.hf_path, settings, count), micro)
         if wanted & set(GRAPH_RUNNERS) and args.device == "cuda":
             fixed = Batches(instruction_batches(args.hf_path, settings, count, fixed_width=True), micro)
-    batches = Batches(rows, micro)
     runners, resident = {}, {}
     builders = runner_builders(args, settings, batches, fixed, total)
     # the graph runner first: Bridge's setup replaces process-wide state (the rerun state machine) that its capture

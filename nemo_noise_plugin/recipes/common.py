@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
-from nemo_noise_plugin.validation import SettingError, check_choice
+from nemo_noise_plugin.validation import SettingError, check_choice, check_int
 
 if TYPE_CHECKING:
     from nemo_noise_plugin.distillation.config import KDConfig
@@ -209,8 +209,7 @@ def use_step_graph(config: Any, warmup_steps: int = STEP_GRAPH_WARMUP_STEPS) -> 
     Every one is an ordinary config field, so an override (``model.cuda_graph_impl=none``) turns the graph off again
     (``check_for_nan_in_loss`` and the padding then stay as set here unless overridden too). Packed rows are refused.
     """
-    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-        raise SettingError("warmup_steps", warmup_steps, "an integer >= 1 (eager steps before the capture)")
+    check_int("warmup_steps", warmup_steps, minimum=1)
     if getattr(config.dataset, "enable_offline_packing", False):
         raise SettingError(
             "dataset.enable_offline_packing",
