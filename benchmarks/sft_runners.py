@@ -1,5 +1,7 @@
 """The three SFT runners of ``benchmarks/sft_throughput.py``: the plugin through Bridge's loop, TRL, a plain loop.
 
+The end of the module reads what a plugin runner built (``core_attention_of``, ``noise_path_of``) for the report.
+
 Every runner trains on the same micro-batches (``Batches``: Megatron-style ``tokens``/``labels``/``loss_mask``/
 ``position_ids``, made once, on the host) in the same order, with AdamW (betas 0.9/0.999, eps 1e-8, no weight
 decay), a constant learning rate, gradients clipped at 1.0 and bf16, and exposes the same interface:
@@ -364,3 +366,34 @@ class PluginCpuRunner(Timed):
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
+
+
+def model_chunks(runner) -> list[torch.nn.Module]:
+    """The models a runner trains, as a list: a plugin runner's chunks (its own model on the CPU, its Bridge run's on
+    a GPU), the plain runner's transformers model, [] for TRL's (its trainer holds the model)."""
+    model = getattr(runner, "model", None) or getattr(getattr(runner, "run", None), "model", None)
+    return model if isinstance(model, list) else [model] if model is not None else []
+
+
+def core_attention_of(runner) -> list[str]:
+    """The classes of the attention modules a plugin runner's model really holds (what was built, not what was
+    asked for: Bridge's ``provide`` resets a local spec's core attention); [] for the HF runners."""
+    chunks = model_chunks(runner)
+    names = {type(m).__name__ for chunk in chunks for m in chunk.modules() if type(m).__name__.endswith("Attention")}
+    return sorted(name for name in names if "DotProduct" in name)
+
+
+def noise_path_of(runner) -> str | None:
+    """Where a plugin runner's model adds its noise: "lookup" (one pass, ``model/noised_lookup.py``) or "output:
+    <why not the lookup>"; None for the HF runners and noise-off models."""
+    from megatron.core.utils import unwrap_model
+
+    from nemo_noise_plugin.model.noised_lookup import lookup_fusion_blocker
+
+    chunks = model_chunks(runner)
+    for chunk in chunks:
+        inner = unwrap_model(chunk)
+        if getattr(inner, "noise_config", None) is not None and inner.noise_active:
+            blocker = lookup_fusion_blocker(inner)
+            return "lookup" if blocker is None else f"output: {blocker}"
+    return None

@@ -51,6 +51,8 @@ from benchmarks.sft_runners import (  # noqa: E402
     PluginCpuRunner,
     PluginGpuRunner,
     TrlRunner,
+    core_attention_of,
+    noise_path_of,
     synthetic_batches,
 )
 from benchmarks.step_timing import format_ratio, measure_interleaved, median_ms, ratio_summary  # noqa: E402
@@ -358,32 +360,6 @@ def report(args, settings, batches: Batches, runners: dict, resident: dict, meas
     (out / "summary.md").write_text(table + "\n")
     print(table, flush=True)
     return results
-
-
-def core_attention_of(runner) -> list[str]:
-    """The classes of the attention modules a plugin runner's model really holds (what was built, not what was
-    asked for: Bridge's ``provide`` resets a local spec's core attention); [] for the HF runners."""
-    model = getattr(runner, "model", None) or getattr(getattr(runner, "run", None), "model", None)
-    chunks = model if isinstance(model, list) else [model] if model is not None else []
-    names = {type(m).__name__ for chunk in chunks for m in chunk.modules() if type(m).__name__.endswith("Attention")}
-    return sorted(name for name in names if "DotProduct" in name)
-
-
-def noise_path_of(runner) -> str | None:
-    """Where a plugin runner's model adds its noise: "lookup" (one pass, ``model/noised_lookup.py``) or "output:
-    <why not the lookup>"; None for the HF runners and noise-off models."""
-    from megatron.core.utils import unwrap_model
-
-    from nemo_noise_plugin.model.noised_lookup import lookup_fusion_blocker
-
-    model = getattr(runner, "model", None) or getattr(getattr(runner, "run", None), "model", None)
-    chunks = model if isinstance(model, list) else [model] if model is not None else []
-    for chunk in chunks:
-        inner = unwrap_model(chunk)
-        if getattr(inner, "noise_config", None) is not None and inner.noise_active:
-            blocker = lookup_fusion_blocker(inner)
-            return "lookup" if blocker is None else f"output: {blocker}"
-    return None
 
 
 def summary_table(args, settings, all_tokens: float, answer_tokens: float, results: dict) -> str:
