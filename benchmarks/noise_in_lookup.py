@@ -8,9 +8,13 @@ buffer sets larger than L2, median of replays; ``noise_kernel.time_per_call``):
 - ``noise_off``: Megatron-Core's noise-off embedding forward, ``F.embedding(ids, table).transpose(0, 1).contiguous()``
   (the lookup, then the transposed copy), and ``noise_off_again``, the same measured again (the A/A control);
 - ``two_step_<family>``: today's noisy path, ``noise_off`` then ``fused_add_noise`` (a second pass);
-- ``one_pass_<family>``: ``fused_gather_add_noise``, the lookup with the noise in one kernel.
+- ``one_pass_<family>``: ``fused_gather_add_noise``, the lookup with the noise in one kernel;
+- ``one_pass_<gaussian|laplace>_fast_log``: the same kernel with the logarithm from the hardware ``lg2.approx``
+  (``launch_add_noise(fast_log=True)``, other bits than the training path's): what a faster-math contract would buy.
 
-Aims (issue 34, item 3): ``one_pass`` <= 1.02x ``noise_off``; every family <= 1.10x the copy floor.
+Aims (issue 34, item 3): ``one_pass`` <= 1.02x ``noise_off``; every family <= 1.10x the copy floor. The JSON also
+holds each one-pass variant's static PTX instruction counts, the account of where an arithmetic-bound family's time
+goes.
 
     python benchmarks/noise_in_lookup.py [--json PATH]
 """
@@ -20,7 +24,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -28,7 +34,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.noise_kernel import ALPHA, neftune_scale, time_per_call  # noqa: E402
-from nemo_noise_plugin.noise.triton_kernel import fused_add_noise, fused_gather_add_noise  # noqa: E402
+from nemo_noise_plugin.noise.triton_kernel import (  # noqa: E402
+    _kernel_arguments,
+    fused_add_noise,
+    fused_gather_add_noise,
+    launch_add_noise,
+)
 
 SHAPES = {  # name: (seq, micro-batch, hidden, vocab)
     "SmolLM2-135M, s 128, mb 64": (128, 64, 576, 49152),
@@ -37,6 +48,24 @@ SHAPES = {  # name: (seq, micro-batch, hidden, vocab)
     "Llama-3.1-70B, s 8192, mb 1": (8192, 1, 8192, 128256),
 }
 FAMILIES = ("uniform", "gaussian", "laplace")
+FAST_LOG_FAMILIES = ("gaussian", "laplace")
+PTX_INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9]*)[.\s;]", re.MULTILINE)
+
+
+def one_pass(table: torch.Tensor, ids: torch.Tensor, family: str, noise: dict, fast_log: bool = False):
+    """The one-pass noised lookup through ``launch_add_noise``; returns the output and Triton's compiled kernel."""
+    batch, seq = ids.shape
+    out = torch.empty((seq, batch, table.size(1)), dtype=table.dtype, device=table.device)
+    arguments = _kernel_arguments(out.shape, table.device, distribution=family, **noise)
+    compiled = launch_add_noise(table, out, input_ids=ids, input_scale=None, fast_log=fast_log, **arguments)
+    return out, compiled
+
+
+def code_counts(compiled) -> dict:
+    """Static instruction counts of a compiled kernel's PTX, by opcode (``lg2``, ``sin``, ``cos``, ``sqrt`` are the
+    special-function instructions; libdevice's ``logf`` shows as ``fma``/``setp``/``selp`` sequences)."""
+    ptx = Counter(PTX_INSTRUCTION.findall(compiled.asm["ptx"]))
+    return {"ptx_total": sum(ptx.values()), "ptx": dict(ptx.most_common(24))}
 
 
 def bench(seq: int, batch: int, hidden: int, vocab: int) -> dict:
@@ -76,8 +105,36 @@ def bench(seq: int, batch: int, hidden: int, vocab: int) -> dict:
             lambda i, family=family: lambda: fused_gather_add_noise(table, ids[i], distribution=family, **noise),
             n_sets,
         )
+    for family in FAST_LOG_FAMILIES:
+        row[f"one_pass_{family}_fast_log"] = time_per_call(
+            lambda i, family=family: lambda: one_pass(table, ids[i], family, noise, fast_log=True), n_sets
+        )
     row["noise_off_again"] = time_per_call(lambda i: lambda: noise_off(i), n_sets)
     return row
+
+
+def kernel_code(seq: int, batch: int, hidden: int, vocab: int) -> dict:
+    """Each one-pass variant's instruction counts, and the fast-log outputs' largest difference from the
+    training path's (same counters), in units of the noise scale."""
+    device = torch.device("cuda")
+    table = torch.zeros(vocab, hidden, device=device, dtype=torch.float32)
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    noise = {
+        "seed": 1234,
+        "iteration": 7,
+        "sample_index": torch.arange(batch, device=device) + 1000,
+        "token_position": torch.arange(seq, device=device),
+        "noise_scale": torch.ones(seq, batch, device=device),
+    }
+    code = {}
+    for family in FAMILIES:
+        exact, compiled = one_pass(table, ids, family, noise)
+        code[family] = code_counts(compiled)
+        if family in FAST_LOG_FAMILIES:
+            fast, compiled = one_pass(table, ids, family, noise, fast_log=True)
+            code[f"{family}_fast_log"] = code_counts(compiled)
+            code[f"{family}_fast_log"]["max_abs_difference"] = (fast - exact).abs().max().item()
+    return code
 
 
 def main() -> None:
@@ -93,6 +150,7 @@ def main() -> None:
     for label, shape in SHAPES.items():
         results["rows"][label] = bench(*shape)
         torch.cuda.empty_cache()
+    results["kernel_code"] = kernel_code(*SHAPES["Llama-3.1-8B, s 4096, mb 2"])
     print(f"\n{name}, torch {torch.__version__}, triton {triton.__version__}; bf16 table; microseconds per call")
     print("(x) = ratio to noise_off (Megatron's noise-off embedding forward); [c] = ratio to the copy floor\n")
     for label, row in results["rows"].items():
@@ -109,6 +167,14 @@ def main() -> None:
                 f"  {family:>8}: one pass {one:8.1f} ({one / off:.3f}x) [{one / row['copy']:.2f}c]"
                 f"   two steps {two:8.1f} ({two / off:.3f}x) [{two / row['copy']:.2f}c]"
             )
+        for family in FAST_LOG_FAMILIES:
+            fast = row[f"one_pass_{family}_fast_log"]
+            print(f"  {family:>8}, fast log: one pass {fast:8.1f} ({fast / off:.3f}x) [{fast / row['copy']:.2f}c]")
+    print("\ninstructions per one-pass kernel (8B shape's compile; fp32 table):")
+    for variant, counts in results["kernel_code"].items():
+        extra = f"; max |fast - exact| {counts['max_abs_difference']:.2e}" if "max_abs_difference" in counts else ""
+        special = {op: counts["ptx"].get(op, 0) for op in ("lg2", "sqrt", "sin", "cos")}
+        print(f"  {variant:>18}: PTX {counts['ptx_total']} instructions, special functions {special}{extra}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

@@ -56,9 +56,21 @@ def _kernel() -> Any:
         )
 
     @triton.jit
-    def _laplace(k):
+    def _log(x, FAST: tl.constexpr):
+        """``ln x`` of float32 ``x`` > 0: ``tl.log``, or with ``FAST`` the hardware ``lg2.approx`` times ln 2 (one
+        special-function instruction; absolute error ~1e-7, so relative error grows as ``x`` nears 1)."""
+        if FAST:
+            y = 0.6931471805599453 * tl.inline_asm_elementwise(
+                "lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+            )
+        else:
+            y = tl.log(x)
+        return y
+
+    @triton.jit
+    def _laplace(k, FAST: tl.constexpr):
         """Laplace(0, 1) of the symmetric uniform ``v = k * 2**-24`` (``k`` an odd integer held in float32)."""
-        magnitude = -tl.log(1.0 - tl.abs(k) * 5.960464477539063e-08)
+        magnitude = -_log(1.0 - tl.abs(k) * 5.960464477539063e-08, FAST)
         return tl.where(k < 0, -magnitude, magnitude)
 
     @triton.jit
@@ -99,6 +111,7 @@ def _kernel() -> Any:
         TL_PHILOX: tl.constexpr,
         GATHER: tl.constexpr,
         ITERATION_IN_MEMORY: tl.constexpr,
+        FAST_LOG: tl.constexpr,
     ):
         # One program: BLOCK_ROWS tokens (rows of the [s * b, h] view) by 4 * BLOCK_QUADS hidden elements; one
         # Philox call per quad gives the four words of hidden indices 4q .. 4q + 3. GATHER: x is the [vocab, h]
@@ -139,8 +152,8 @@ def _kernel() -> Any:
             u1 = ((w1 >> 9).to(tl.float32) * 2.0 + 1.0) * 5.960464477539063e-08
             u2 = ((w2 >> 9).to(tl.float32) * 2.0 + 1.0) * 5.960464477539063e-08
             u3 = ((w3 >> 9).to(tl.float32) * 2.0 + 1.0) * 5.960464477539063e-08
-            r01 = tl.sqrt(-2.0 * tl.log(u0))
-            r23 = tl.sqrt(-2.0 * tl.log(u2))
+            r01 = tl.sqrt(-2.0 * _log(u0, FAST_LOG))
+            r23 = tl.sqrt(-2.0 * _log(u2, FAST_LOG))
             # t = 2 pi u = a + pi with a = 2 pi (u - 0.5) in (-pi, pi), where the hardware sin/cos are accurate to
             # ~1e-6 absolute (libdevice's full range reduction costs several times more); cos t = -cos a, etc.
             a01 = (u1 - 0.5) * 6.283185307179586
@@ -157,7 +170,8 @@ def _kernel() -> Any:
             n2 = tl.fma((w2 >> 8).to(tl.float32), 2.0, -16777215.0)
             n3 = tl.fma((w3 >> 8).to(tl.float32), 2.0, -16777215.0)
             if LAPLACE:
-                n0, n1, n2, n3 = _laplace(n0), _laplace(n1), _laplace(n2), _laplace(n3)
+                n0, n1 = _laplace(n0, FAST_LOG), _laplace(n1, FAST_LOG)
+                n2, n3 = _laplace(n2, FAST_LOG), _laplace(n3, FAST_LOG)
                 row_scale = noise_scale
             else:
                 row_scale = noise_scale * 5.960464477539063e-08
@@ -205,21 +219,25 @@ def launch_add_noise(
     stream: int = STREAM_NOISE,
     config: tuple[int, int, int] | None = None,
     tl_philox: bool = False,
-) -> None:
-    """Run the kernel into ``out`` (no autograd, no checks); ``config`` overrides (rows, hidden, warps) for tuning,
-    ``tl_philox`` uses ``tl.philox`` itself instead of the kernel's own (bit-identical) rounds. With ``input_ids``
+    fast_log: bool = False,
+) -> Any:
+    """Run the kernel into ``out`` (no autograd, no checks); returns Triton's compiled kernel (its ``asm`` holds the
+    code), None for an empty output. For tuning and measurement only: ``config`` overrides (rows, hidden, warps),
+    ``tl_philox`` uses ``tl.philox`` itself instead of the kernel's own (bit-identical) rounds, and ``fast_log`` takes
+    the Gaussian and Laplace logarithms from the hardware ``lg2.approx`` (other bits than the training path's: not
+    used by it; ``benchmarks/noise_in_lookup.py`` measures what it would buy). With ``input_ids``
     (``[b, s]``, any strides), ``x`` is a contiguous ``[vocab, h]`` embedding table and ``out`` (``[s, b, h]``) gets
     the noised rows ``x[input_ids].transpose(0, 1)``. An ``iteration`` tensor (0-dim int64 on the device) is read by the
     kernel, so a CUDA graph's replays take its current value."""
     seq, batch, hidden = out.shape
     n_rows = seq * batch
     if n_rows == 0 or hidden == 0:
-        return
+        return None
     block_rows, block_hidden, num_warps = config or _default_config(hidden)
     grid = (math.ceil(n_rows / block_rows), math.ceil(hidden / block_hidden))
     gather = input_ids is not None
     in_memory = isinstance(iteration, torch.Tensor)
-    _kernel()[grid](
+    return _kernel()[grid](
         x,
         out,
         input_ids if gather else token_position,
@@ -243,6 +261,7 @@ def launch_add_noise(
         TL_PHILOX=tl_philox,
         GATHER=gather,
         ITERATION_IN_MEMORY=in_memory,
+        FAST_LOG=fast_log,
         num_warps=num_warps,
         # No multiply-add contraction: the reference rounds x * input_scale and noise_scale * unit separately.
         enable_fp_fusion=False,

@@ -200,6 +200,11 @@ def use_step_graph(config: Any, warmup_steps: int = STEP_GRAPH_WARMUP_STEPS) -> 
 
     - ``model.cuda_graph_impl="full_iteration"`` and ``model.cuda_graph_warmup_steps`` eager steps before the capture;
     - ``model.use_te_rng_tracker=True``: the graph-safe RNG tracker (Megatron's own tracker without TE);
+    - ``model.cuda_graph_use_single_mempool=False``: the training and validation graphs each get their own memory
+      pool. With Megatron's shared pool, a validation graph first captured after ``train()`` returns (Bridge's
+      final evaluation of a resumed run, whose in-run evaluations were the eager warm-up ones) is captured into the
+      pool of the training graph Bridge has just deleted, and PyTorch's allocator aborts the capture
+      (``it->second->use_count > 0 INTERNAL ASSERT``; H100, torch 2.11, 2026-12-06);
     - ``rerun_state_machine.check_for_nan_in_loss=False``: Bridge refuses the NaN check's host read inside the graph
       (the noise keeps its own finiteness check, read outside the graph: ``noise/replayable.py``);
     - fixed-width batches: the graph copies each micro-batch into static buffers, so an SFT dataset pads every row to
@@ -222,6 +227,7 @@ def use_step_graph(config: Any, warmup_steps: int = STEP_GRAPH_WARMUP_STEPS) -> 
     model.cuda_graph_impl = "full_iteration"
     model.cuda_graph_warmup_steps = warmup_steps
     model.use_te_rng_tracker = True
+    model.cuda_graph_use_single_mempool = False
     config.rerun_state_machine.check_for_nan_in_loss = False
     if _is_finetuning_dataset(config.dataset):
         config.dataset.dataset_kwargs = {**(config.dataset.dataset_kwargs or {}), "pad_to_max_length": True}

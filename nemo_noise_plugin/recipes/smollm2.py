@@ -9,11 +9,11 @@ chat template, loss on the answers only; ``packed_sequence_size`` turns on Bridg
 Transformer Engine's attention on a GPU). The layer spec is Megatron-Core's local one, so the recipes run anywhere:
 Bridge's loop on a GPU, the plugin's CPU loop without one.
 
-Their step is host-bound at this size, so by default the SFT recipe runs it as one CUDA graph (``step_graph``:
-``recipes.common.use_step_graph``, rows padded to ``seq_length``) with the local spec's attention on PyTorch's
-fused kernels (``core_attention="sdpa"``): 5.4x TRL's step at the recipe's batch on one H100
-(benchmarks/SFT_THROUGHPUT.md). ``step_graph=False, core_attention="unfused"`` is the eager recipe of before, and
-the distillation recipe's default until it has run under the graph on a GPU.
+Their step is host-bound at this size, so by default both run it as one CUDA graph (``step_graph``:
+``recipes.common.use_step_graph``, rows padded to ``seq_length``; the distillation's teacher forward is captured
+with the student's) with the local spec's attention on PyTorch's fused kernels (``core_attention="sdpa"``): the SFT
+step at 5.4x TRL's at the recipe's batch on one H100 (benchmarks/SFT_THROUGHPUT.md). ``step_graph=False,
+core_attention="unfused"`` is the eager recipe of before.
 
     nemo llm finetune -f smollm2_135m_noise_sft -y train.train_iters=20
     python -m nemo_noise_plugin --recipe smollm2_135m_noise_distillation --steps 20
@@ -190,14 +190,13 @@ def smollm2_135m_noise_distillation_config(
     packed_sequence_size: int | None = None,
     global_batch_size: int = 8,
     micro_batch_size: int = 4,
-    core_attention: str = "unfused",
-    step_graph: bool | None = False,
+    core_attention: str = "sdpa",
+    step_graph: bool | None = None,
 ):
     """Noisy SmolLM2 student + frozen clean copy, CE + forward KL. Train with ``distillation_forward_step``.
 
-    ``step_graph`` and ``core_attention`` as for ``smollm2_135m_noise_sft_config``, but off by default: the
-    distillation recipe's GPU results were made eagerly with the unfused attention, and it has not run under the
-    graph on a GPU yet (the teacher's forward would be captured with the student's).
+    ``step_graph`` and ``core_attention`` as for ``smollm2_135m_noise_sft_config`` (the graph holds the teacher's
+    forward with the student's; the teacher is settled at the first, eager, step).
     """
     return _smollm2_recipe(
         dir,

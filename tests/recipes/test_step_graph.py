@@ -31,6 +31,7 @@ def test_the_step_graph_sets_what_bridges_full_iteration_graph_needs(sft_config)
     model = sft_config.model
     assert is_full_iteration(model) and model.replays_training_steps  # the noise gets replayable keys
     assert (model.cuda_graph_warmup_steps, model.use_te_rng_tracker) == (STEP_GRAPH_WARMUP_STEPS, True)
+    assert model.cuda_graph_use_single_mempool is False  # a validation graph captured after train() needs its own
     assert sft_config.rerun_state_machine.check_for_nan_in_loss is False  # Bridge refuses it under the graph
     assert sft_config.dataset.dataset_kwargs == {"answer_only_loss": True, "pad_to_max_length": True}
     check_fixed_width_batches(sft_config)
@@ -80,9 +81,7 @@ def smollm2_config_dir(tmp_path_factory):
     return folder
 
 
-def test_the_sft_recipe_graphs_unpacked_rows_by_default_and_the_distillation_recipe_stays_eager(
-    smollm2_config_dir, tmp_path
-):
+def test_both_smollm2_recipes_graph_unpacked_rows_by_default(smollm2_config_dir, tmp_path):
     from nemo_noise_plugin.recipes.smollm2 import (
         smollm2_135m_noise_distillation_config,
         smollm2_135m_noise_sft_config,
@@ -98,9 +97,12 @@ def test_the_sft_recipe_graphs_unpacked_rows_by_default_and_the_distillation_rec
     assert (eager.model.cuda_graph_impl, eager.model.core_attention) == ("none", "unfused")
     assert eager.rerun_state_machine.check_for_nan_in_loss is True
     distillation = smollm2_135m_noise_distillation_config(**common)
-    assert (distillation.model.cuda_graph_impl, distillation.model.core_attention) == ("none", "unfused")
-    graphed = smollm2_135m_noise_distillation_config(**common, step_graph=True)
-    assert graphed.model.cuda_graph_impl == "full_iteration" and graphed.model.replays_training_steps
+    assert (distillation.model.cuda_graph_impl, distillation.model.core_attention) == ("full_iteration", "sdpa")
+    assert (
+        distillation.model.replays_training_steps and distillation.dataset.dataset_kwargs == sft.dataset.dataset_kwargs
+    )
+    eager = smollm2_135m_noise_distillation_config(**common, step_graph=False, core_attention="unfused")
+    assert (eager.model.cuda_graph_impl, eager.model.core_attention) == ("none", "unfused")
 
 
 def test_the_recipe_refuses_a_step_graph_over_packed_rows_and_a_step_graph_that_is_not_a_bool(
