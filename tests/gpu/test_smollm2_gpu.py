@@ -93,7 +93,8 @@ def test_recipe_trains_through_bridge_reports_exports_and_resumes(recipe, smollm
     assert agreement["dtype"] == "bfloat16"
     # bf16 on both sides, different kernels: measured mean |difference| 0.155 (SFT) and 0.113 (KD) of logits of
     # magnitude ~20 (a bf16 step there is 0.125), argmax agreement 0.994-0.995 with the eager recipe's rows padded per
-    # batch; with the step graph's rows padded to 128 and SDPA, 0.976 at mean |difference| 0.121 (H200, 2026-12-06).
+    # batch; with the step graph's rows padded to 128 and SDPA, 0.976 at mean |difference| 0.121 (H200, 2026-12-06),
+    # 0.989 (SFT) and 0.997 (KD) with 1.000 at decisive positions (H100, 2026-12-06).
     # Argmax flips at near-ties are bf16 rounding (on the CPU in bf16 every flip was at a top-2 margin <= 0.375), so
     # the export is judged at the decisive positions (margin > DECISIVE_MARGIN); all positions keep a looser floor.
     assert agreement["decisive_argmax_agreement"] >= 0.995 and agreement["argmax_agreement"] >= 0.95, agreement
