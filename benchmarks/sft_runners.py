@@ -292,17 +292,20 @@ class PluginGpuRunner:
                 torch.cuda.synchronize()
                 ends.append(time.perf_counter())
 
-        self.step_graph = None
+        self.step_graph, self.graph_state = None, (None, None, 0)
         runner = self
 
         class StepGraphKeeper(base):
-            """Keeps the full-iteration graph once captured: Megatron holds one per process in a class attribute
-            and Bridge's ``train()`` deletes it on return, so the re-entered loop puts it back (``steps``)."""
+            """Keeps this runner's full-iteration graph: Megatron holds one per process in class attributes (the
+            graph, its output tensors, the step count that decides the capture) and Bridge's ``train()`` deletes
+            the graph on return, so each re-entered loop puts its own runner's state back (``steps``): two graph
+            runners (noise on and off) interleave in one process, each replaying the graph it captured."""
 
             def on_train_step_end(self, context) -> None:
-                from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+                from megatron.core.full_cuda_graph import FullCudaGraphWrapper as Wrapper
 
-                runner.step_graph = runner.step_graph or FullCudaGraphWrapper.cuda_graph.get("training")
+                runner.step_graph = runner.step_graph or Wrapper.cuda_graph.get("training")
+                runner.graph_state = (runner.step_graph, Wrapper.result["training"], Wrapper.curr_iteration["training"])
 
         self.run.callbacks.add([PublishNoiseStep(), EndMarker(), StepGraphKeeper()])  # publisher: as the launchers
 
@@ -316,8 +319,9 @@ class PluginGpuRunner:
 
         torch.cuda.synchronize()
         self.ends.clear()
-        if self.step_graph is not None:
-            FullCudaGraphWrapper.cuda_graph["training"] = self.step_graph
+        state = FullCudaGraphWrapper.cuda_graph, FullCudaGraphWrapper.result, FullCudaGraphWrapper.curr_iteration
+        for holder, value in zip(state, self.graph_state, strict=True):
+            holder["training"] = value  # this runner's graph or none yet (an eager runner never reads them)
         mark = time.perf_counter()
         self.run.steps(count)
         marks = [mark, *self.ends]

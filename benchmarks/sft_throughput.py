@@ -10,8 +10,10 @@ bf16, AdamW (betas 0.9/0.999, eps 1e-8, no weight decay, constant lr, clip 1.0) 
 - ``plugin_on_graph``: ``plugin_on_sdpa`` with one CUDA graph per step (``recipes.common.use_step_graph``:
   Bridge's ``full_iteration`` graph, captured after 2 eager steps, replayable noise keys published by
   ``PublishNoiseStep``), its micro-batches the same samples padded to ``seq`` (the graph replays fixed shapes; the
-  padding is masked, so the loss is the same and tokens/s counts the unpadded batch as for every runner). Megatron
-  keeps one training graph per process, so one graph runner per run;
+  padding is masked, so the loss is the same and tokens/s counts the unpadded batch as for every runner);
+  ``plugin_off_graph``: the same, noise off (Megatron keeps one training graph per process in class attributes;
+  each graph runner puts its own graph back before its slot, ``PluginGpuRunner``), ``--baseline plugin_off_graph``
+  for the noise's cost under the graph with its own A/A control;
 - ``plugin_off_again``: the A/A control, ``plugin_off`` itself measured in a second slot of every repeat;
 - ``trl_off`` / ``trl_on``: TRL's ``SFTTrainer.train()`` (``neftune_noise_alpha`` None / ``--alpha``), bf16 AMP;
 - ``plain``: a transformers model, fused torch AdamW, bf16 autocast: the floor of what the host can launch.
@@ -80,6 +82,7 @@ PLUGIN_RUNNERS = (  # name, noise on, the local spec's core attention (model.sdp
     ("plugin_off_sdpa", False, "sdpa", False),
     ("plugin_on_sdpa", True, "sdpa", False),
     ("plugin_on_graph", True, "sdpa", True),
+    ("plugin_off_graph", False, "sdpa", True),
 )
 GRAPH_RUNNERS = tuple(name for name, _, _, graph in PLUGIN_RUNNERS if graph)
 TRL_REFERENCE = "trl_on"
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--alpha", type=float, default=5.0, help="NEFTune alpha of the noise-on runners")
     parser.add_argument(
-        "--baseline", default=BASELINE, choices=[name for name, *_ in PLUGIN_RUNNERS if name not in GRAPH_RUNNERS],
+        "--baseline", default=BASELINE, choices=[name for name, *_ in PLUGIN_RUNNERS],
         help="the plugin runner the ratios are taken against, measured twice per repeat (A/A control)",
     )  # fmt: skip
     for key in ("seq", "global_batch", "micro_batch", "repeats", "steps", "discard", "warm"):
@@ -253,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, help="default: the --model preset's")
     parser.add_argument(
         "--runners",
-        help="comma-separated subset of plugin_on, plugin_off_sdpa, plugin_on_sdpa, plugin_on_graph, trl_off, "
+        help="comma-separated subset of plugin_on, plugin_off_sdpa, plugin_on_sdpa, plugin_on_graph, plugin_off_graph, "
+        "trl_off, "
         "trl_on, plain (the --baseline runner always runs)",
     )
     parser.add_argument(
@@ -262,6 +266,8 @@ def main(argv: list[str] | None = None) -> dict:
         "(<out>/profile_<runner>.txt and profile.json: host vs device time per step, kernel launches)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.baseline in GRAPH_RUNNERS and args.device != "cuda":
+        parser.error(f"--baseline {args.baseline}: a CUDA-graph runner needs --device cuda (got {args.device})")
     settings = {key: getattr(args, key) if getattr(args, key) is not None else value
                 for key, value in PRESETS[args.model].items()}  # fmt: skip
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):

@@ -122,6 +122,17 @@ def test_another_baseline_takes_the_ratios_and_the_aa_control_without_the_plain_
     assert "| vs plugin_off_sdpa |" in (tmp_path / "summary.md").read_text()
 
 
+def test_a_graph_baseline_off_the_gpu_is_refused_naming_the_setting(capsys, tmp_path):
+    """``--baseline plugin_off_graph`` (the noise-off graph runner, the noise's cost under the graph with its own A/A
+    control) needs CUDA: on the CPU it is refused before anything is built, naming the flag, value and device."""
+    with pytest.raises(SystemExit) as stopped:
+        sft_throughput.main(["--out", str(tmp_path), "--device", "cpu", "--baseline", "plugin_off_graph"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err
+    assert "--baseline plugin_off_graph" in error and "--device cuda" in error and "(got cpu)" in error
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_step_graphs_fixed_width_batches_train_as_the_per_batch_padded_ones(tiny_llama_dir):
     """The graph runner's micro-batches (``pad_to_max_length``, every row ``seq`` wide) are the same samples with more
     masked padding: the noisy model's losses are those of the per-batch padded ones (causal attention; the noise's
