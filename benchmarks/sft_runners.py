@@ -265,6 +265,14 @@ class TrlRunner:
             self._thread.join(timeout=60)
 
 
+def full_iteration_graph_holders() -> tuple[dict, dict, dict]:
+    """Megatron's process-wide full-iteration graph state, keyed by stage: the graphs, their output tensors and the
+    step counts that decide the capture (``FullCudaGraphWrapper``'s class attributes)."""
+    from megatron.core.full_cuda_graph import FullCudaGraphWrapper as Wrapper
+
+    return Wrapper.cuda_graph, Wrapper.result, Wrapper.curr_iteration
+
+
 class PluginGpuRunner:
     """The plugin's recipe in Bridge's loop (``BridgeRun``: Bridge's ``setup``, ``train`` re-entered), its train
     iterator the shared micro-batches (wrapped in Megatron's ``RerunDataIterator``, as Bridge's own are)."""
@@ -292,7 +300,7 @@ class PluginGpuRunner:
                 torch.cuda.synchronize()
                 ends.append(time.perf_counter())
 
-        self.step_graph, self.graph_state = None, (None, None, 0)
+        self.graph_state = (None, None, 0)  # no graph yet, no outputs, no step taken
         runner = self
 
         class StepGraphKeeper(base):
@@ -302,10 +310,7 @@ class PluginGpuRunner:
             runners (noise on and off) interleave in one process, each replaying the graph it captured."""
 
             def on_train_step_end(self, context) -> None:
-                from megatron.core.full_cuda_graph import FullCudaGraphWrapper as Wrapper
-
-                runner.step_graph = runner.step_graph or Wrapper.cuda_graph.get("training")
-                runner.graph_state = (runner.step_graph, Wrapper.result["training"], Wrapper.curr_iteration["training"])
+                runner.graph_state = tuple(holder["training"] for holder in full_iteration_graph_holders())
 
         self.run.callbacks.add([PublishNoiseStep(), EndMarker(), StepGraphKeeper()])  # publisher: as the launchers
 
@@ -313,14 +318,16 @@ class PluginGpuRunner:
     def losses(self) -> list[float]:
         return self.run.losses
 
+    @property
+    def step_graph(self):
+        """This runner's captured full-iteration graph, or None (an eager runner, or one not captured yet)."""
+        return self.graph_state[0]
+
     def steps(self, count: int) -> list[float]:
         """Run ``count`` more steps of Bridge's loop; each step's wall time (step end to step end) in seconds."""
-        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
-
         torch.cuda.synchronize()
         self.ends.clear()
-        state = FullCudaGraphWrapper.cuda_graph, FullCudaGraphWrapper.result, FullCudaGraphWrapper.curr_iteration
-        for holder, value in zip(state, self.graph_state, strict=True):
+        for holder, value in zip(full_iteration_graph_holders(), self.graph_state, strict=True):
             holder["training"] = value  # this runner's graph or none yet (an eager runner never reads them)
         mark = time.perf_counter()
         self.run.steps(count)

@@ -257,8 +257,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--runners",
         help="comma-separated subset of plugin_on, plugin_off_sdpa, plugin_on_sdpa, plugin_on_graph, plugin_off_graph, "
-        "trl_off, "
-        "trl_on, plain (the --baseline runner always runs)",
+        "trl_off, trl_on, plain (the --baseline runner always runs)",
     )
     parser.add_argument(
         "--profile", type=int, default=0, metavar="STEPS",
