@@ -9,19 +9,25 @@ buffer sets larger than L2, median of replays; ``noise_kernel.time_per_call``):
   (the lookup, then the transposed copy), and ``noise_off_again``, the same measured again (the A/A control);
 - ``two_step_<family>``: today's noisy path, ``noise_off`` then ``fused_add_noise`` (a second pass);
 - ``one_pass_<family>``: ``fused_gather_add_noise``, the lookup with the noise in one kernel;
-- ``one_pass_<gaussian|laplace>_fast_log``: the same kernel with the logarithm from the hardware ``lg2.approx``
-  (``launch_add_noise(fast_log=True)``, other bits than the training path's): what a faster-math contract would buy.
+- ``one_pass_<gaussian|laplace>_fast_math``: the same kernel with ``NoiseConfig.fast_math`` (the logarithm from the
+  hardware ``lg2.approx``, contracted multiply-adds: other bits than the exact kernel's);
+- with ``--against FILE`` (an earlier kernel file holding ``fused_gather_add_noise``: ``noise/triton_kernel.py`` up
+  to e24a060, e.g. ``git show e24a060:nemo_noise_plugin/noise/triton_kernel.py > FILE``):
+  ``earlier_one_pass_<family>``, that kernel's one pass timed in the same run, and whether its outputs equal this
+  kernel's bit for bit (``same_bits_as_earlier``);
+- with ``--sweep``: the one-pass kernel at other launch configurations (rows, hidden per step, warps, steps).
 
 Aims (issue 34, item 3): ``one_pass`` <= 1.02x ``noise_off``; every family <= 1.10x the copy floor. The JSON also
 holds each one-pass variant's static PTX instruction counts, the account of where an arithmetic-bound family's time
 goes.
 
-    python benchmarks/noise_in_lookup.py [--json PATH]
+    python benchmarks/noise_in_lookup.py [--json PATH] [--against FILE] [--sweep]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import re
@@ -34,12 +40,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.noise_kernel import ALPHA, neftune_scale, time_per_call  # noqa: E402
-from nemo_noise_plugin.noise.triton_kernel import (  # noqa: E402
-    _kernel_arguments,
-    fused_add_noise,
-    fused_gather_add_noise,
-    launch_add_noise,
-)
+from nemo_noise_plugin.noise.fused_noise import _kernel_arguments, fused_add_noise, fused_gather_add_noise  # noqa: E402
+from nemo_noise_plugin.noise.triton_kernel import launch_add_noise  # noqa: E402
 
 SHAPES = {  # name: (seq, micro-batch, hidden, vocab)
     "SmolLM2-135M, s 128, mb 64": (128, 64, 576, 49152),
@@ -48,17 +50,27 @@ SHAPES = {  # name: (seq, micro-batch, hidden, vocab)
     "Llama-3.1-70B, s 8192, mb 1": (8192, 1, 8192, 128256),
 }
 FAMILIES = ("uniform", "gaussian", "laplace")
-FAST_LOG_FAMILIES = ("gaussian", "laplace")
+FAST_MATH_FAMILIES = ("gaussian", "laplace")
+SWEEP_CONFIGS = [(4, 512, 4, 1), (4, 512, 4, 2), (4, 512, 4, 4), (8, 512, 8, 4), (2, 512, 4, 4), (16, 128, 4, 8)]
 PTX_INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9]*)[.\s;]", re.MULTILINE)
 
 
-def one_pass(table: torch.Tensor, ids: torch.Tensor, family: str, noise: dict, fast_log: bool = False):
+def one_pass(table: torch.Tensor, ids: torch.Tensor, family: str, noise: dict, fast_math: bool = False, config=None):
     """The one-pass noised lookup through ``launch_add_noise``; returns the output and Triton's compiled kernel."""
     batch, seq = ids.shape
     out = torch.empty((seq, batch, table.size(1)), dtype=table.dtype, device=table.device)
-    arguments = _kernel_arguments(out.shape, table.device, distribution=family, **noise)
-    compiled = launch_add_noise(table, out, input_ids=ids, input_scale=None, fast_log=fast_log, **arguments)
+    arguments = _kernel_arguments(out.shape, table.device, distribution=family, fast_math=fast_math, **noise)
+    compiled = launch_add_noise(table, out, input_ids=ids, input_scale=None, config=config, **arguments)
     return out, compiled
+
+
+def load_kernel_file(path: Path):
+    """An earlier kernel file as a module of its own (e24a060's ``noise/triton_kernel.py`` imports only torch and
+    ``noise.philox``)."""
+    spec = importlib.util.spec_from_file_location("earlier_triton_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def code_counts(compiled) -> dict:
@@ -68,7 +80,7 @@ def code_counts(compiled) -> dict:
     return {"ptx_total": sum(ptx.values()), "ptx": dict(ptx.most_common(24))}
 
 
-def bench(seq: int, batch: int, hidden: int, vocab: int) -> dict:
+def bench(seq: int, batch: int, hidden: int, vocab: int, earlier=None, sweep: bool = False) -> dict:
     """Every method on one shape; microseconds per call."""
     device = torch.device("cuda")
     out_bytes = seq * batch * hidden * 2
@@ -105,17 +117,39 @@ def bench(seq: int, batch: int, hidden: int, vocab: int) -> dict:
             lambda i, family=family: lambda: fused_gather_add_noise(table, ids[i], distribution=family, **noise),
             n_sets,
         )
-    for family in FAST_LOG_FAMILIES:
-        row[f"one_pass_{family}_fast_log"] = time_per_call(
-            lambda i, family=family: lambda: one_pass(table, ids[i], family, noise, fast_log=True), n_sets
+    for family in FAST_MATH_FAMILIES:
+        row[f"one_pass_{family}_fast_math"] = time_per_call(
+            lambda i, family=family: lambda: one_pass(table, ids[i], family, noise, fast_math=True)[0], n_sets
         )
+    if earlier is not None:
+        row["same_bits_as_earlier"] = {}
+        for family in FAMILIES:
+            row[f"earlier_one_pass_{family}"] = time_per_call(
+                lambda i, family=family: lambda: earlier.fused_gather_add_noise(
+                    table, ids[i], distribution=family, **noise
+                ),
+                n_sets,
+            )
+            ours = fused_gather_add_noise(table, ids[0], distribution=family, **noise)
+            theirs = earlier.fused_gather_add_noise(table, ids[0], distribution=family, **noise)
+            row["same_bits_as_earlier"][family] = bool(torch.equal(ours, theirs))
+    if sweep:
+        row["sweep"] = {}
+        for config in SWEEP_CONFIGS:
+            for family, fast in (("uniform", False), ("gaussian", True), ("laplace", True), ("gaussian", False)):
+                row["sweep"][f"{family}{'_fast_math' if fast else ''} {config}"] = time_per_call(
+                    lambda i, family=family, fast=fast, config=config: lambda: one_pass(
+                        table, ids[i], family, noise, fast_math=fast, config=config
+                    )[0],
+                    n_sets,
+                )
     row["noise_off_again"] = time_per_call(lambda i: lambda: noise_off(i), n_sets)
     return row
 
 
 def kernel_code(seq: int, batch: int, hidden: int, vocab: int) -> dict:
-    """Each one-pass variant's instruction counts, and the fast-log outputs' largest difference from the
-    training path's (same counters), in units of the noise scale."""
+    """Each one-pass variant's instruction counts, and the fast-math outputs' largest difference from the exact
+    kernel's (same counters), in units of the noise scale."""
     device = torch.device("cuda")
     table = torch.zeros(vocab, hidden, device=device, dtype=torch.float32)
     ids = torch.randint(0, vocab, (batch, seq), device=device)
@@ -130,16 +164,20 @@ def kernel_code(seq: int, batch: int, hidden: int, vocab: int) -> dict:
     for family in FAMILIES:
         exact, compiled = one_pass(table, ids, family, noise)
         code[family] = code_counts(compiled)
-        if family in FAST_LOG_FAMILIES:
-            fast, compiled = one_pass(table, ids, family, noise, fast_log=True)
-            code[f"{family}_fast_log"] = code_counts(compiled)
-            code[f"{family}_fast_log"]["max_abs_difference"] = (fast - exact).abs().max().item()
+        if family in FAST_MATH_FAMILIES:
+            fast, compiled = one_pass(table, ids, family, noise, fast_math=True)
+            code[f"{family}_fast_math"] = code_counts(compiled)
+            code[f"{family}_fast_math"]["max_abs_difference"] = (fast - exact).abs().max().item()
     return code
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write all results here")
+    parser.add_argument(
+        "--against", type=Path, help="an earlier kernel file (holding fused_gather_add_noise) to time and compare with"
+    )
+    parser.add_argument("--sweep", action="store_true", help="also time the one pass at other launch configurations")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
@@ -147,8 +185,9 @@ def main() -> None:
 
     name = torch.cuda.get_device_name()
     results = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "alpha": ALPHA, "rows": {}}
+    earlier = load_kernel_file(args.against) if args.against else None
     for label, shape in SHAPES.items():
-        results["rows"][label] = bench(*shape)
+        results["rows"][label] = bench(*shape, earlier=earlier, sweep=args.sweep)
         torch.cuda.empty_cache()
     results["kernel_code"] = kernel_code(*SHAPES["Llama-3.1-8B, s 4096, mb 2"])
     print(f"\n{name}, torch {torch.__version__}, triton {triton.__version__}; bf16 table; microseconds per call")
@@ -167,9 +206,19 @@ def main() -> None:
                 f"  {family:>8}: one pass {one:8.1f} ({one / off:.3f}x) [{one / row['copy']:.2f}c]"
                 f"   two steps {two:8.1f} ({two / off:.3f}x) [{two / row['copy']:.2f}c]"
             )
-        for family in FAST_LOG_FAMILIES:
-            fast = row[f"one_pass_{family}_fast_log"]
-            print(f"  {family:>8}, fast log: one pass {fast:8.1f} ({fast / off:.3f}x) [{fast / row['copy']:.2f}c]")
+        for family in FAST_MATH_FAMILIES:
+            fast = row[f"one_pass_{family}_fast_math"]
+            print(f"  {family:>8}, fast math: one pass {fast:8.1f} ({fast / off:.3f}x) [{fast / row['copy']:.2f}c]")
+        if "same_bits_as_earlier" in row:
+            for family in FAMILIES:
+                then = row[f"earlier_one_pass_{family}"]
+                print(
+                    f"  {family:>8}, earlier kernel: one pass {then:8.1f} [{then / row['copy']:.2f}c];"
+                    f" this kernel / earlier {row[f'one_pass_{family}'] / then:.3f}x;"
+                    f" same bits: {row['same_bits_as_earlier'][family]}"
+                )
+        for variant, micros in row.get("sweep", {}).items():
+            print(f"  sweep {variant}: {micros:8.1f} [{micros / row['copy']:.2f}c]")
     print("\ninstructions per one-pass kernel (8B shape's compile; fp32 table):")
     for variant, counts in results["kernel_code"].items():
         extra = f"; max |fast - exact| {counts['max_abs_difference']:.2e}" if "max_abs_difference" in counts else ""

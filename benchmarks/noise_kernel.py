@@ -29,26 +29,27 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nemo_noise_plugin.noise.triton_kernel import _default_config, fused_add_noise, launch_add_noise  # noqa: E402
+from nemo_noise_plugin.noise.fused_noise import fused_add_noise  # noqa: E402
+from nemo_noise_plugin.noise.triton_kernel import _default_config, launch_add_noise  # noqa: E402
 
 SHAPES = [(4096, 2, 2048), (4096, 2, 4096), (8192, 1, 8192)]
 DATASHEET_TBPS = {"H200": 4.8, "H100": 3.35}  # vendor HBM bandwidth, for the theoretical floor
 ALPHA = 5.0
 SWEEP_CONFIGS = [
-    (1, 512, 4),
-    (4, 512, 4),
-    (1, 1024, 4),
-    (2, 1024, 4),
-    (4, 1024, 8),
-    (1, 2048, 4),
-    (2, 2048, 4),
-    (2, 2048, 8),
-    (4, 2048, 8),
-    (1, 4096, 4),
-    (1, 4096, 8),
-    (2, 4096, 8),
-    (1, 8192, 8),
-    (1, 8192, 16),
+    (1, 512, 4, 1),
+    (4, 512, 4, 1),
+    (1, 1024, 4, 1),
+    (2, 1024, 4, 1),
+    (4, 1024, 8, 1),
+    (1, 2048, 4, 1),
+    (2, 2048, 4, 1),
+    (2, 2048, 8, 1),
+    (4, 2048, 8, 1),
+    (1, 4096, 4, 1),
+    (1, 4096, 8, 1),
+    (2, 4096, 8, 1),
+    (1, 8192, 8, 1),
+    (1, 8192, 16, 1),
 ]
 
 

@@ -9,6 +9,7 @@
 #   call 4, carry .gguf3:        bash benchmarks/sft_throughput_session.sh smollm2  (reassemble, convert, SmolLM2 table)
 #   call 5:                      bash benchmarks/sft_throughput_session.sh llama1b  (the Llama-3.2-1B architecture table)
 #   or, after calls 1-3:         bash benchmarks/sft_throughput_session.sh recipes  (tests/gpu/test_smollm2_gpu.py)
+#   or, after call 1 alone:      bash benchmarks/sft_throughput_session.sh kernel   (noise kernel GPU tests + timing)
 # .whl: ../shared/device/fetch-wheels.sh -r ../shared/device/bridge-gpu-wheels.txt;
 # .whl2: ../shared/device/fetch-wheels.sh gguf==0.19.0 trl==1.16.0 accelerate==1.15.0, moved to .whl2/ (the two
 #        sets do not fit one carry with the tree);
@@ -58,6 +59,13 @@ case "$stage" in
       tests/gpu/test_smollm2_gpu.py -k "${TESTS:-sft or finetune_command}" 2>&1 | grep -v -i warn \
       | tee $OUT/${NAME:-recipes}.log | tail -30
     pack ${NAME:-recipes} ;;
+  kernel)  # the noise kernel's GPU tests, then benchmarks/noise_in_lookup.py (EXTRA: e.g. --against FILE --sweep)
+    timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_noise_kernel_gpu.py \
+      tests/gpu/test_noise_in_lookup_gpu.py tests/gpu/test_noise_layer_gpu.py tests/gpu/test_noise_sync_gpu.py \
+      tests/gpu/test_replayable_noise_gpu.py tests/gpu/test_full_iteration_graph_gpu.py 2>&1 | grep -v -i warn \
+      | tee $OUT/${NAME:-kernel}_tests.log | tail -15
+    timeout ${STAGE_S:-240} python3 benchmarks/noise_in_lookup.py --json $OUT/${NAME:-kernel}.json ${EXTRA:-} 2>&1 \
+      | grep -v -i warn | tee $OUT/${NAME:-kernel}.log ;;
   llama1b)
     MASTER_PORT=29542 timeout ${STAGE_S:-540} python3 benchmarks/sft_throughput.py --model llama-1b --hf-path "$(hf_folder)" \
       --out $OUT/${NAME:-sft_llama1b} ${EXTRA:-} 2>&1 | grep -v -i warn | tee $OUT/${NAME:-sft_llama1b}.log | tail -20

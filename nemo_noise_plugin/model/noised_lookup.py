@@ -4,7 +4,7 @@ Megatron-Core's ``LanguageModelEmbedding`` makes the decoder input in three pass
 transposed copy into ``[s, b, h]``, dropout) and the noise layer adds a fourth. When that embedding reduces to the
 lookup alone, the noisy model instead hands ``GPTModel._preprocess`` a decoder input made by
 ``EmbeddingNoise.noised_lookup``: one kernel reading the table's rows and writing the noised ``[s, b, h]`` output
-(``noise.triton_kernel.fused_gather_add_noise``; on the CPU the lookup and ``add_noise_reference``). The values, the
+(``noise.fused_noise.fused_gather_add_noise``; on the CPU the lookup and ``add_noise_reference``). The values, the
 noise bits and the table's gradient are those of the unfused path.
 
 ``lookup_fusion_blocker`` says why it cannot (None: it can). Every condition keeps the fused path equal to the

@@ -128,6 +128,13 @@ class NoiseConfig:
     """Add noise only while the model is in training mode (``model.train()``); False noises in eval too."""
     seed: int = 1234
     """Philox key of the noise (independent of Megatron's RNG); the same seed gives the same noise at any layout."""
+    fast_math: bool = False
+    """GPU only, Gaussian and Laplace units (gaussian, gaussian_mechanism, laplace): the Triton kernel takes the
+    logarithm from the hardware ``lg2.approx`` and contracts its multiply-adds, about a third fewer instructions in
+    a kernel bound by instruction issue (benchmarks/SFT_THROUGHPUT.md). The same Philox words and transforms;
+    values differ from the exact kernel's by up to a few 1e-4 of the noise scale (where the Box-Muller radius is
+    near 0), so the noise bits differ: a checkpoint resumes only with the setting it was saved with. Uniform noise
+    and the CPU path are the same either way."""
     projection: Projection = "none"
     """``nearest_row``: each noised token's embedding is then replaced by the embedding-table row nearest to it
     (``noise/projection.py``). Post-processing of the noised embedding: any DP guarantee of the mechanism is
@@ -164,7 +171,7 @@ class NoiseConfig:
         check_choice(_FIELD + "calibration", self.calibration, CALIBRATIONS)
         check_choice(_FIELD + "projection", self.projection, PROJECTIONS)
         check_choice(_FIELD + "projection_metric", self.projection_metric, PROJECTION_METRICS)
-        for name in ("enabled", "training_only"):
+        for name in ("enabled", "training_only", "fast_math"):
             check_bool(_FIELD + name, getattr(self, name))
         for name in _NON_NEGATIVE_MAGNITUDES:
             check_number(_FIELD + name, getattr(self, name), minimum=0.0)

@@ -79,7 +79,8 @@ def _draw_arguments(
     sample_index: torch.Tensor,
     iteration: int | torch.Tensor,
 ) -> dict:
-    """The noise keys, the per-token scale on the selected tokens and the unit of ``config``'s family."""
+    """The noise keys, the per-token scale on the selected tokens, the unit of ``config``'s family and the kernel's
+    math (``fast_math``)."""
     return {
         "seed": config.seed,
         "iteration": iteration,
@@ -87,6 +88,7 @@ def _draw_arguments(
         "token_position": geometry.positions,
         "noise_scale": scale * selected.to(torch.float32),
         "distribution": noise_family(config.mechanism).unit,
+        "fast_math": config.fast_math,
     }
 
 

@@ -179,14 +179,16 @@ def add_noise_reference(
     return (base + unit * noise_scale.unsqueeze(-1)).to(x.dtype)
 
 
-def add_noise(x: torch.Tensor, **arguments: Any) -> torch.Tensor:
+def add_noise(x: torch.Tensor, *, fast_math: bool = False, **arguments: Any) -> torch.Tensor:
     """``add_noise_reference(x, **arguments)``; on CUDA with Triton, from the fused one-pass kernel (same Philox
-    words) when it draws the unit (``UnitSampler.kernel``)."""
+    words) when it draws the unit (``UnitSampler.kernel``), with its hardware-log variant when ``fast_math``
+    (``NoiseConfig.fast_math``; the torch path is float64 either way)."""
     if x.is_cuda and unit_sampler(arguments.get("distribution", "uniform")).kernel:
-        from nemo_noise_plugin.noise.triton_kernel import fused_add_noise, triton_available
+        from nemo_noise_plugin.noise.fused_noise import fused_add_noise
+        from nemo_noise_plugin.noise.triton_kernel import triton_available
 
         if triton_available():
-            return fused_add_noise(x, **arguments)
+            return fused_add_noise(x, fast_math=fast_math, **arguments)
     return add_noise_reference(x, **arguments)
 
 
@@ -198,13 +200,16 @@ def lookup_with_noise_reference(weight: torch.Tensor, input_ids: torch.Tensor, *
     return add_noise_reference(looked_up, **arguments)
 
 
-def lookup_with_noise(weight: torch.Tensor, input_ids: torch.Tensor, **arguments: Any) -> torch.Tensor:
+def lookup_with_noise(
+    weight: torch.Tensor, input_ids: torch.Tensor, *, fast_math: bool = False, **arguments: Any
+) -> torch.Tensor:
     """``lookup_with_noise_reference(weight, input_ids, **arguments)``; on CUDA with Triton, from the kernel reading
     the table's rows (``fused_gather_add_noise``: the same noise bits as ``add_noise``'s kernel) when it draws the
-    unit."""
+    unit, ``fast_math`` as ``add_noise``'s."""
     if weight.is_cuda and unit_sampler(arguments.get("distribution", "uniform")).kernel:
-        from nemo_noise_plugin.noise.triton_kernel import fused_gather_add_noise, triton_available
+        from nemo_noise_plugin.noise.fused_noise import fused_gather_add_noise
+        from nemo_noise_plugin.noise.triton_kernel import triton_available
 
         if triton_available():
-            return fused_gather_add_noise(weight, input_ids, **arguments)
+            return fused_gather_add_noise(weight, input_ids, fast_math=fast_math, **arguments)
     return lookup_with_noise_reference(weight, input_ids, **arguments)

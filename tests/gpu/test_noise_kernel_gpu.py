@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nemo_noise_plugin.noise.fused_noise import fused_add_noise
 from nemo_noise_plugin.noise.philox import STREAM_NOISE, element_words, words_to_symmetric_uniform
 from nemo_noise_plugin.noise.sampling import add_noise_reference, unit_noise
-from nemo_noise_plugin.noise.triton_kernel import fused_add_noise, launch_add_noise, triton_available
+from nemo_noise_plugin.noise.triton_kernel import launch_add_noise, triton_available
 
 pytestmark = [
     pytest.mark.gpu,

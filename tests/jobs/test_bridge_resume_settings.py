@@ -44,6 +44,21 @@ def test_a_bridge_checkpoint_of_another_alpha_is_refused_naming_the_difference(t
     assert "model.noise.alpha (saved 5.0, this run 10.0); it is kept" in message
 
 
+def test_a_bridge_checkpoint_of_the_other_kernel_math_is_refused(tmp_path):
+    """``model.noise.fast_math`` draws other Gaussian and Laplace bits from the same counters (issue 34, item 3): a
+    checkpoint resumes only under the math it was saved with, either way round."""
+    exact, fast = _config(tmp_path / "exact"), _config(tmp_path / "fast")
+    fast.model.noise.fast_math = True
+    for saved, resumed, values in (
+        (exact, fast, "saved False, this run True"),
+        (fast, exact, "saved True, this run False"),
+    ):
+        _bridge_checkpoint(saved)
+        resumed.checkpoint.load = saved.checkpoint.save
+        with pytest.raises(CheckpointMismatchError, match=rf"model\.noise\.fast_math \({values}\)"):
+            check_bridge_resume(resumed)
+
+
 def test_a_bridge_checkpoint_of_these_settings_in_a_moved_folder_resumes(tmp_path):
     _bridge_checkpoint(_config(tmp_path / "first"))
     shutil.move(tmp_path / "first", tmp_path / "moved")

@@ -78,6 +78,7 @@ def test_a_noise_yaml_with_a_magnitude_field_of_another_mechanism_is_refused(tmp
         ("sigma", math.inf, "expected a finite number >= 0"),
         ("enabled", "yes", "expected true or false"),
         ("training_only", 1, "expected true or false"),
+        ("fast_math", "fast", "expected true or false"),
         ("seed", -3, "expected an integer >= 0"),
         ("seed", 1.5, "expected an integer >= 0"),
     ],

@@ -12,7 +12,7 @@ from nemo_noise_plugin.noise.config import NoiseConfig
 from nemo_noise_plugin.noise.geometry import NoiseBatchInputs
 from nemo_noise_plugin.noise.layer import EmbeddingNoise
 from nemo_noise_plugin.noise.philox import philox4x32
-from nemo_noise_plugin.noise.sampling import unit_noise
+from nemo_noise_plugin.noise.sampling import add_noise, add_noise_reference, unit_noise
 from nemo_noise_plugin.noise.schedule import NoiseClock, schedule_factor
 
 SEQ, BATCH, HIDDEN = 256, 8, 64
@@ -164,3 +164,22 @@ def test_schedule_scales_the_noise_by_its_factor():
     unit_half = _noise(NoiseConfig(alpha=5.0), iteration=5)
     assert torch.allclose(full, unit_full)
     assert torch.allclose(half, 0.5 * unit_half)
+
+
+@pytest.mark.parametrize("distribution", ["gaussian", "laplace"])
+def test_fast_math_is_a_kernel_setting_the_cpu_path_draws_the_float64_reference_either_way(distribution):
+    """``NoiseConfig.fast_math`` chooses the GPU kernel's math (issue 34, item 3); off the GPU ``add_noise`` is the
+    float64 reference with or without it."""
+    arguments = {
+        "seed": 3,
+        "iteration": 5,
+        "sample_index": torch.arange(2),
+        "token_position": torch.arange(6),
+        "noise_scale": torch.full((6, 2), 0.5),
+        "distribution": distribution,
+    }
+    x = torch.randn(6, 2, 8)
+    reference = add_noise_reference(x, **arguments)
+    assert torch.equal(add_noise(x, fast_math=True, **arguments), reference)
+    assert torch.equal(add_noise(x, fast_math=False, **arguments), reference)
+    assert not torch.equal(reference, x)
