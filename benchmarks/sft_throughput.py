@@ -267,6 +267,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if args.baseline in GRAPH_RUNNERS and args.device != "cuda":
         parser.error(f"--baseline {args.baseline}: a CUDA-graph runner needs --device cuda (got {args.device})")
+    named = args.runners.split(",") if args.runners else []
+    known = [name for name, *_ in PLUGIN_RUNNERS] + ["trl_off", "trl_on", "plain"]
+    if unknown := [name for name in named if name not in known]:
+        parser.error(f"--runners {args.runners}: unknown {', '.join(unknown)}; expected some of {', '.join(known)}")
+    if (graphs := [name for name in named if name in GRAPH_RUNNERS]) and args.device != "cuda":
+        parser.error(f"--runners {args.runners}: {', '.join(graphs)} need --device cuda (got {args.device})")
     settings = {key: getattr(args, key) if getattr(args, key) is not None else value
                 for key, value in PRESETS[args.model].items()}  # fmt: skip
     for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):

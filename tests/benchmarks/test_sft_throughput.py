@@ -133,6 +133,23 @@ def test_a_graph_baseline_off_the_gpu_is_refused_naming_the_setting(capsys, tmp_
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("runners", "expected"),
+    [
+        ("plain,plugin_on_graph", "--runners plain,plugin_on_graph: plugin_on_graph need --device cuda (got cpu)"),
+        ("plain,trl_of", "--runners plain,trl_of: unknown trl_of; expected some of plugin_off, plugin_on"),
+    ],
+)
+def test_a_graph_or_unknown_runner_named_off_the_gpu_is_refused_not_dropped(capsys, tmp_path, runners, expected):
+    """A runner named in ``--runners`` that cannot run (a CUDA-graph runner on the CPU, a misspelt name) is refused
+    before anything is built; before, it was left out of the table without a word."""
+    with pytest.raises(SystemExit) as stopped:
+        sft_throughput.main(["--out", str(tmp_path), "--device", "cpu", "--runners", runners])
+    assert stopped.value.code == 2
+    assert expected in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_step_graphs_fixed_width_batches_train_as_the_per_batch_padded_ones(tiny_llama_dir):
     """The graph runner's micro-batches (``pad_to_max_length``, every row ``seq`` wide) are the same samples with more
     masked padding: the noisy model's losses are those of the per-batch padded ones (causal attention; the noise's
