@@ -52,11 +52,11 @@ from benchmarks.sft_runners import (  # noqa: E402
     PlainRunner,
     PluginCpuRunner,
     PluginGpuRunner,
-    TrlRunner,
     core_attention_of,
     noise_path_of,
     synthetic_batches,
 )
+from benchmarks.sft_trl_runner import TrlRunner  # noqa: E402
 from benchmarks.step_timing import format_ratio, measure_interleaved, median_ms, ratio_summary  # noqa: E402
 
 LLAMA_1B = dict(
