@@ -1,14 +1,15 @@
 """The Triton noise kernel: generate the noise and add it in one pass over the embedding output.
 
-``launch_add_noise`` runs it; the autograd functions over it are ``noise/fused_noise.py``'s. The kernel computes exactly what ``sampling.add_noise_reference`` computes, ``(x * input_scale + noise_scale *
-unit).to(x.dtype)`` with per-token ``[s, b]`` scales, reading ``x`` once and writing the result once. The Philox words
-are made in registers with the counter contract of ``noise/philox.py`` (key ``(seed, iteration)``, counter ``(hidden
-// 4, token position, sample index, stream)``): by Triton's ``tl.philox`` rounds, written out with one wide multiply
-per product (tested equal to ``tl.philox`` itself), so uniform noise, and with it the whole uniform output, is
-bit-identical to the torch reference. Gaussian noise uses the same Box-Muller pairing in float32 with the hardware
-sine and cosine (the reference works in float64): it agrees to about 1e-5 absolute. Laplace noise inverts the CDF of
-the same symmetric uniform, ``sign(v) * -ln(1 - |v|)``, with ``1 - |v|`` exact in float32 and a float32 log (the
-reference's log is float64): a few 1e-6.
+``launch_add_noise`` runs it; the autograd functions over it are ``noise/fused_noise.py``'s. The kernel computes
+exactly what ``sampling.add_noise_reference`` computes, ``(x * input_scale + noise_scale * unit).to(x.dtype)`` with
+per-token ``[s, b]`` scales, reading ``x`` once and writing the result once. The Philox words are made in registers
+with the counter contract of ``noise/philox.py`` (key ``(seed, iteration)``, counter ``(hidden // 4, token position,
+sample index, stream)``): by Triton's ``tl.philox`` rounds, written out with one wide multiply per product (tested
+equal to ``tl.philox`` itself), so uniform noise, and with it the whole uniform output, is bit-identical to the torch
+reference. Gaussian noise uses the same Box-Muller pairing in float32 with the hardware sine and cosine (the reference
+works in float64): it agrees to about 1e-5 absolute. Laplace noise inverts the CDF of the same symmetric uniform,
+``sign(v) * -ln(1 - |v|)``, with ``1 - |v|`` exact in float32 and a float32 log (the reference's log is float64): a
+few 1e-6.
 
 ``fast_math`` (``NoiseConfig.fast_math``) evaluates the same transforms of the same words with the hardware
 ``lg2.approx`` for the logarithm and explicit multiply-adds: about a third fewer instructions for Gaussian and Laplace
