@@ -203,8 +203,17 @@ def test_the_main_job_trains_in_an_output_dir_with_spaces(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
 def test_an_interrupt_before_any_checkpoint_says_so_and_exits_128_plus_the_signal(tmp_path, signum, status):
+    """Long enough that the signal reaches a running loop (a fresh-clone CI under load saw 50 iterations end, status 0,
+    before it arrived), with no save before the end."""
     process = subprocess.Popen(
-        [*FINETUNE, "-f", "tiny_noise_sft", "train.train_iters=50", f"checkpoint.save={tmp_path}/checkpoints"],
+        [
+            *FINETUNE,
+            "-f",
+            "tiny_noise_sft",
+            "train.train_iters=5000",
+            "checkpoint.save_interval=100000",
+            f"checkpoint.save={tmp_path}/checkpoints",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
