@@ -200,11 +200,18 @@ def test_the_main_job_trains_in_an_output_dir_with_spaces(tmp_path):
     assert (output_dir / "tiny_noise_sft" / "reports" / "latest" / "robustness.json").is_file()
 
 
+def _default_interrupt_disposition() -> None:
+    """In the child before it execs: SIGINT back to the default, whatever the test run inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["INT", "TERM"])
 def test_an_interrupt_before_any_checkpoint_says_so_and_exits_128_plus_the_signal(tmp_path, signum, status):
-    """Long enough that the signal reaches a running loop (a fresh-clone CI under load saw 50 iterations end, status 0,
-    before it arrived), with no save before the end."""
+    """The child gets SIGINT's default disposition: under a test run started in the background (POSIX shells start
+    ``&`` jobs with SIGINT ignored) it would inherit the ignore, so Python would install no KeyboardInterrupt handler,
+    and the run would end with status 0 (what two fresh-clone CI runs saw). Long enough that the signal reaches a
+    running loop, with no save before the end."""
     process = subprocess.Popen(
         [
             *FINETUNE,
@@ -217,6 +224,7 @@ def test_an_interrupt_before_any_checkpoint_says_so_and_exits_128_plus_the_signa
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_default_interrupt_disposition,
     )
     header = None
     for line in process.stdout:  # the header of the progress lines: training starts, nothing saved yet
