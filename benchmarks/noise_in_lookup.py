@@ -11,10 +11,10 @@ buffer sets larger than L2, median of replays; ``noise_kernel.time_per_call``):
 - ``one_pass_<family>``: ``fused_gather_add_noise``, the lookup with the noise in one kernel;
 - ``one_pass_<gaussian|laplace>_fast_math``: the same kernel with ``NoiseConfig.fast_math`` (the logarithm from the
   hardware ``lg2.approx``, contracted multiply-adds: other bits than the exact kernel's);
-- with ``--against FILE`` (an earlier kernel file holding ``fused_gather_add_noise``: ``noise/triton_kernel.py`` up
-  to e24a060, e.g. ``git show e24a060:nemo_noise_plugin/noise/triton_kernel.py > FILE``):
-  ``earlier_one_pass_<family>``, that kernel's one pass timed in the same run, and whether its outputs equal this
-  kernel's bit for bit (``same_bits_as_earlier``);
+- with ``--against FILE`` (an earlier ``noise/triton_kernel.py`` holding ``launch_add_noise``, e.g. ``git show
+  08dc745:nemo_noise_plugin/noise/triton_kernel.py > FILE``): ``earlier_one_pass_<variant>``, that kernel's one pass
+  timed in the same run, and whether its outputs equal this kernel's bit for bit (``same_bits_as_earlier``), for
+  every family and, where the earlier file has the setting, the fast-math variants;
 - with ``--sweep``: the one-pass kernel at other launch configurations (rows, hidden per step, warps, steps).
 
 Aims (issue 34, item 3): ``one_pass`` <= 1.02x ``noise_off``; every family <= 1.10x the copy floor. The JSON also
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import math
 import re
@@ -55,18 +56,44 @@ SWEEP_CONFIGS = [(4, 512, 4, 1), (4, 512, 4, 2), (4, 512, 4, 4), (8, 512, 8, 4),
 PTX_INSTRUCTION = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][a-z0-9]*)[.\s;]", re.MULTILINE)
 
 
-def one_pass(table: torch.Tensor, ids: torch.Tensor, family: str, noise: dict, fast_math: bool = False, config=None):
-    """The one-pass noised lookup through ``launch_add_noise``; returns the output and Triton's compiled kernel."""
+def one_pass(
+    table: torch.Tensor,
+    ids: torch.Tensor,
+    family: str,
+    noise: dict,
+    fast_math: bool = False,
+    config=None,
+    launch=launch_add_noise,
+):
+    """The one-pass noised lookup through ``launch`` (this kernel's ``launch_add_noise`` or an earlier file's);
+    returns the output and Triton's compiled kernel."""
     batch, seq = ids.shape
     out = torch.empty((seq, batch, table.size(1)), dtype=table.dtype, device=table.device)
     arguments = _kernel_arguments(out.shape, table.device, distribution=family, fast_math=fast_math, **noise)
-    compiled = launch_add_noise(table, out, input_ids=ids, input_scale=None, config=config, **arguments)
+    if not fast_math:  # an earlier kernel file may predate the setting
+        del arguments["fast_math"]
+    if config is not None:
+        arguments["config"] = config
+    compiled = launch(table, out, input_ids=ids, input_scale=None, **arguments)
     return out, compiled
 
 
+def earlier_variants(earlier) -> list[tuple[str, bool]]:
+    """The (family, fast_math) variants an earlier kernel file can run: fast math only where its
+    ``launch_add_noise`` takes the setting (08dc745 on)."""
+    variants = [(family, False) for family in FAMILIES]
+    if "fast_math" in inspect.signature(earlier.launch_add_noise).parameters:
+        variants += [(family, True) for family in FAST_MATH_FAMILIES]
+    return variants
+
+
+def variant_name(family: str, fast_math: bool) -> str:
+    return f"{family}_fast_math" if fast_math else family
+
+
 def load_kernel_file(path: Path):
-    """An earlier kernel file as a module of its own (e24a060's ``noise/triton_kernel.py`` imports only torch and
-    ``noise.philox``)."""
+    """An earlier ``noise/triton_kernel.py`` as a module of its own (up to 08dc745 it imports only torch and
+    ``noise.philox``; e.g. ``git show 08dc745:nemo_noise_plugin/noise/triton_kernel.py > FILE``)."""
     spec = importlib.util.spec_from_file_location("earlier_triton_kernel", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -123,16 +150,17 @@ def bench(seq: int, batch: int, hidden: int, vocab: int, earlier=None, sweep: bo
         )
     if earlier is not None:
         row["same_bits_as_earlier"] = {}
-        for family in FAMILIES:
-            row[f"earlier_one_pass_{family}"] = time_per_call(
-                lambda i, family=family: lambda: earlier.fused_gather_add_noise(
-                    table, ids[i], distribution=family, **noise
-                ),
+        for family, fast in earlier_variants(earlier):
+            name = variant_name(family, fast)
+            row[f"earlier_one_pass_{name}"] = time_per_call(
+                lambda i, family=family, fast=fast: lambda: one_pass(
+                    table, ids[i], family, noise, fast_math=fast, launch=earlier.launch_add_noise
+                )[0],
                 n_sets,
             )
-            ours = fused_gather_add_noise(table, ids[0], distribution=family, **noise)
-            theirs = earlier.fused_gather_add_noise(table, ids[0], distribution=family, **noise)
-            row["same_bits_as_earlier"][family] = bool(torch.equal(ours, theirs))
+            ours = one_pass(table, ids[0], family, noise, fast_math=fast)[0]
+            theirs = one_pass(table, ids[0], family, noise, fast_math=fast, launch=earlier.launch_add_noise)[0]
+            row["same_bits_as_earlier"][name] = bool(torch.equal(ours, theirs))
     if sweep:
         row["sweep"] = {}
         for config in SWEEP_CONFIGS:
@@ -175,7 +203,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write all results here")
     parser.add_argument(
-        "--against", type=Path, help="an earlier kernel file (holding fused_gather_add_noise) to time and compare with"
+        "--against", type=Path, help="an earlier noise/triton_kernel.py (holding launch_add_noise) to time and compare with"
     )
     parser.add_argument("--sweep", action="store_true", help="also time the one pass at other launch configurations")
     args = parser.parse_args()
@@ -209,14 +237,12 @@ def main() -> None:
         for family in FAST_MATH_FAMILIES:
             fast = row[f"one_pass_{family}_fast_math"]
             print(f"  {family:>8}, fast math: one pass {fast:8.1f} ({fast / off:.3f}x) [{fast / row['copy']:.2f}c]")
-        if "same_bits_as_earlier" in row:
-            for family in FAMILIES:
-                then = row[f"earlier_one_pass_{family}"]
-                print(
-                    f"  {family:>8}, earlier kernel: one pass {then:8.1f} [{then / row['copy']:.2f}c];"
-                    f" this kernel / earlier {row[f'one_pass_{family}'] / then:.3f}x;"
-                    f" same bits: {row['same_bits_as_earlier'][family]}"
-                )
+        for name, same in row.get("same_bits_as_earlier", {}).items():
+            then = row[f"earlier_one_pass_{name}"]
+            print(
+                f"  {name:>18}, earlier kernel: one pass {then:8.1f} [{then / row['copy']:.2f}c];"
+                f" this kernel / earlier {row[f'one_pass_{name}'] / then:.3f}x; same bits: {same}"
+            )
         for variant, micros in row.get("sweep", {}).items():
             print(f"  sweep {variant}: {micros:8.1f} [{micros / row['copy']:.2f}c]")
     print("\ninstructions per one-pass kernel (8B shape's compile; fp32 table):")

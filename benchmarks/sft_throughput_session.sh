@@ -63,7 +63,7 @@ case "$stage" in
     # no warning filter here: pytest's summary line ("N passed, M warnings") would go with it
     timeout ${TEST_S:-300} python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/gpu/test_noise_kernel_gpu.py \
       tests/gpu/test_noise_in_lookup_gpu.py tests/gpu/test_noise_layer_gpu.py tests/gpu/test_noise_sync_gpu.py \
-      tests/gpu/test_replayable_noise_gpu.py tests/gpu/test_full_iteration_graph_gpu.py 2>&1 \
+      tests/gpu/test_replayable_noise_gpu.py tests/gpu/test_full_iteration_graph_gpu.py tests/gpu/test_triton_math_gpu.py 2>&1 \
       | tee $OUT/${NAME:-kernel}_tests.log | tail -15
     timeout ${STAGE_S:-240} python3 benchmarks/noise_in_lookup.py --json $OUT/${NAME:-kernel}.json ${EXTRA:-} 2>&1 \
       | grep -v -i warn | tee $OUT/${NAME:-kernel}.log ;;

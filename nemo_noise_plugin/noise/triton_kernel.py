@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from nemo_noise_plugin.noise.philox import STREAM_NOISE
+from nemo_noise_plugin.noise.triton_math import device_functions
 
 _MASK32 = 0xFFFFFFFF
 
@@ -58,121 +59,8 @@ def _kernel() -> Any:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def _approx(angle, fn: tl.constexpr):
-        """The hardware ``sin``/``cos`` (``fn``) of float32 angles in [-pi, pi]."""
-        return tl.inline_asm_elementwise(
-            fn + ".approx.f32 $0, $1;", "=r,r", [angle], dtype=tl.float32, is_pure=True, pack=1
-        )
-
-    @triton.jit
-    def _lg2(x):
-        """The hardware ``log2`` of float32 ``x`` > 0 (``lg2.approx``: one special-function instruction, absolute
-        error ~2**-22, so its relative error grows as ``x`` nears 1)."""
-        return tl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
-
-    @triton.jit
-    def _laplace(k):
-        """Laplace(0, 1) of the symmetric uniform ``v = k * 2**-24`` (``k`` an odd integer held in float32), with
-        libdevice's float32 ``logf``: ``sign(v) * -ln(1 - |v|)``."""
-        magnitude = -tl.log(1.0 - tl.abs(k) * 5.960464477539063e-08)
-        return tl.where(k < 0, -magnitude, magnitude)
-
-    @triton.jit
-    def _mul_wide(a, multiplier: tl.constexpr):
-        """High and low 32-bit words of the 64-bit product of uint32 ``a`` and a 32-bit constant."""
-        return tl.inline_asm_elementwise(
-            "{ .reg .b64 t; mul.wide.u32 t, $2, " + multiplier + "; mov.b64 {$1, $0}, t; }",
-            "=r,=r,r",
-            [a],
-            dtype=(tl.uint32, tl.uint32),
-            is_pure=True,
-            pack=1,
-        )
-
-    @triton.jit
-    def _philox(c0, c1, c2, c3, k0, k1, TL_PHILOX: tl.constexpr):
-        """The four Philox4x32-10 words of counter ``(c0, c1, c2, c3)`` under key ``(k0, k1)``."""
-        if TL_PHILOX:
-            # tl.philox keys with (seed & 0xffffffff, seed >> 32) = (k0, k1) for 32-bit counters, as the reference.
-            w0, w1, w2, w3 = tl.philox((k1.to(tl.uint64) << 32) | k0.to(tl.uint64), c0, c1, c2, c3)
-        else:
-            # tl.philox's rounds, but each 32 x 32 -> 64-bit product is one wide multiply (IMAD.WIDE.U32) instead of
-            # separate high and low halves: a sixth fewer instructions, up to 10% faster (benchmarks/RESULTS.md).
-            for _ in tl.static_range(10):
-                hi0, lo0 = _mul_wide(c0, "0xD2511F53")
-                hi1, lo1 = _mul_wide(c2, "0xCD9E8D57")
-                c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-                k0 += 0x9E3779B9
-                k1 += 0xBB67AE85
-            w0, w1, w2, w3 = c0, c1, c2, c3
-        return w0, w1, w2, w3
-
-    @triton.jit
-    def _gaussian_pair(wa, wb, FAST_MATH: tl.constexpr):
-        """Box-Muller on the words ``(wa, wb)``: the pair ``(r cos t, r sin t)``, ``r = sqrt(-2 ln ua)``, ``t = 2 pi
-        ub``, with ``u = (2 (w >> 9) + 1) * 2**-24`` (odd multiples of 2**-24, exact in float32). ``t = a + pi`` with
-        ``a = 2 pi (ub - 1/2)`` in (-pi, pi), where the hardware sin/cos are accurate to ~1e-6 absolute, so
-        ``cos t = -cos a`` and ``sin t = -sin a``: the pair is returned negated, ``(r cos a, r sin a)``, and the caller
-        scales by minus the noise scale. ``FAST_MATH``: ``ln ua`` from the hardware ``log2``, ``ua`` and ``a`` each
-        one multiply-add."""
-        if FAST_MATH:
-            ua = tl.fma((wa >> 9).to(tl.float32), 1.1920928955078125e-07, 5.960464477539063e-08)
-            # max(, 0): the approximate log2 of a u just below 1 could come out a hair above 0.
-            radius = tl.sqrt(tl.maximum(_lg2(ua) * -1.3862943611198906, 0.0))  # -2 ln 2
-            a = tl.fma((wb >> 9).to(tl.float32), 7.490140565847857e-07, -3.1415922790827646)
-        else:
-            ua = ((wa >> 9).to(tl.float32) * 2.0 + 1.0) * 5.960464477539063e-08
-            ub = ((wb >> 9).to(tl.float32) * 2.0 + 1.0) * 5.960464477539063e-08
-            radius = tl.sqrt(-2.0 * tl.log(ua))
-            a = (ub - 0.5) * 6.283185307179586
-        return radius * _approx(a, "cos"), radius * _approx(a, "sin")
-
-    @triton.jit
-    def _signed_lg2(k):
-        """``-sign(k) * log2(1 - |k| * 2**-24)`` (> 0 for k > 0) for the odd integer ``k`` in float32."""
-        lg = _lg2(tl.fma(tl.abs(k), -5.960464477539063e-08, 1.0))
-        return tl.where(k < 0, lg, -lg)
-
-    @triton.jit
-    def _noise_quad(w0, w1, w2, w3, GAUSSIAN: tl.constexpr, LAPLACE: tl.constexpr, FAST_MATH: tl.constexpr):
-        """The unit noise of one quad's four words, to be multiplied by the per-token factor ``_scale_factor`` gives.
-        Uniform: the odd integer ``k = 2 * (w >> 8) - (2**24 - 1)`` (exact in float32; the 2**-24 of the symmetric
-        uniform ``k * 2**-24`` is in the factor, which rounds exactly like the reference's ``(k * 2**-24) *
-        scale``). Laplace: ``sign(v) * -ln(1 - |v|)`` of that uniform, or with ``FAST_MATH`` ``sign(k) * -log2(1 -
-        |v|)`` (the ``ln 2`` in the factor), ``1 - |v|`` exact either way."""
-        if GAUSSIAN:
-            n0, n1 = _gaussian_pair(w0, w1, FAST_MATH)
-            n2, n3 = _gaussian_pair(w2, w3, FAST_MATH)
-        else:
-            n0 = tl.fma((w0 >> 8).to(tl.float32), 2.0, -16777215.0)
-            n1 = tl.fma((w1 >> 8).to(tl.float32), 2.0, -16777215.0)
-            n2 = tl.fma((w2 >> 8).to(tl.float32), 2.0, -16777215.0)
-            n3 = tl.fma((w3 >> 8).to(tl.float32), 2.0, -16777215.0)
-            if LAPLACE:
-                if FAST_MATH:
-                    n0 = _signed_lg2(n0)
-                    n1 = _signed_lg2(n1)
-                    n2 = _signed_lg2(n2)
-                    n3 = _signed_lg2(n3)
-                else:
-                    n0, n1, n2, n3 = _laplace(n0), _laplace(n1), _laplace(n2), _laplace(n3)
-        return n0, n1, n2, n3
-
-    @triton.jit
-    def _scale_factor(noise_scale, GAUSSIAN, LAPLACE, FAST_MATH):
-        """The per-token factor of ``_noise_quad``'s units: ``-scale`` (Gaussian, its pairs negated), ``scale *
-        ln 2`` (fast Laplace), ``scale`` (Laplace) or ``scale * 2**-24`` (uniform)."""
-        if GAUSSIAN:
-            factor = -noise_scale
-        elif LAPLACE:
-            if FAST_MATH:
-                factor = noise_scale * 0.6931471805599453
-            else:
-                factor = noise_scale
-        else:
-            factor = noise_scale * 5.960464477539063e-08
-        return factor
+    functions = device_functions()
+    _philox, _noise_quad, _scale_factor = functions.philox, functions.noise_quad, functions.scale_factor
 
     # The key and stream words vary from call to call: no value specialisation, so no recompiles.
     @triton.jit(do_not_specialize=["seed", "iteration", "stream"])
@@ -237,9 +125,8 @@ def _kernel() -> Any:
             c2 = c0 * 0 + sample.to(tl.uint32)
             c3 = c0 * 0 + stream.to(tl.uint32)
             w0, w1, w2, w3 = _philox(c0, c1, c2, c3, k0, k1, TL_PHILOX)
-            n0, n1, n2, n3 = _noise_quad(w0, w1, w2, w3, GAUSSIAN, LAPLACE, FAST_MATH)
-            # [R, Q, 2, 2] with [..., k, l] = n(2k + l), flattened row-major: n0, n1, n2, n3 per quad.
-            unit = tl.reshape(tl.join(tl.join(n0, n2), tl.join(n1, n3)), (BLOCK_ROWS, 4 * BLOCK_QUADS))
+            quad_units = _noise_quad(w0, w1, w2, w3, GAUSSIAN, LAPLACE, FAST_MATH)
+            unit = tl.reshape(quad_units, (BLOCK_ROWS, 4 * BLOCK_QUADS))
 
             cols = first_quad * 4 + tl.arange(0, 4 * BLOCK_QUADS)
             mask = row_ok[:, None] & (cols < hidden)[None, :]
