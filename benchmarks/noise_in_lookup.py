@@ -203,7 +203,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write all results here")
     parser.add_argument(
-        "--against", type=Path, help="an earlier noise/triton_kernel.py (holding launch_add_noise) to time and compare with"
+        "--against",
+        type=Path,
+        help="an earlier noise/triton_kernel.py (holding launch_add_noise) to time and compare with",
     )
     parser.add_argument("--sweep", action="store_true", help="also time the one pass at other launch configurations")
     args = parser.parse_args()

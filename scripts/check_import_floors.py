@@ -115,7 +115,11 @@ FLOORS: list[tuple[str, str, tuple[str, ...]]] = [
         "noise config",
         ("noise.config", "noise.calibration", "noise.families", "noise.bounds", "noise.densities", "noise.token_prior"),
     ),
-    (LIBRARY, "random streams", ("noise.sampling", "noise.fused_noise", "noise.triton_kernel", "noise.triton_math", "noise.philox")),
+    (
+        LIBRARY,
+        "random streams",
+        ("noise.sampling", "noise.fused_noise", "noise.triton_kernel", "noise.triton_math", "noise.philox"),
+    ),
     (LIBRARY, "presets", ("presets",)),
     (LIBRARY, "utilities", ("utils", "validation", "yaml_files", "upstream")),
 ]

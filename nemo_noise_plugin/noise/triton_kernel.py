@@ -142,12 +142,15 @@ def _kernel() -> Any:
     return add_noise_kernel
 
 
-def _default_config(hidden: int) -> tuple[int, int, int, int]:
+def _default_config(hidden: int, fast_math: bool = False) -> tuple[int, int, int, int]:
     """(token rows per program, hidden elements per step, warps, steps per program): 4 rows x 512 elements for 4
     warps, the fastest of the configurations an H200 sweep tried at h = 2048, 4096 and 8192 (benchmarks/RESULTS.md),
-    and up to 4 steps along the hidden dimension per program, so that a row's indices and loads serve 2,048 elements."""
+    and up to 4 steps along the hidden dimension per program, so that a row's indices and loads serve 2,048
+    elements; one step with ``fast_math``, whose Gaussian kernel leans on the special-function unit (four of its
+    instructions per Gaussian pair) and ran 1.06-1.08x the copy floor in one step against 1.09-1.14x in four on an
+    H100 sweep (benchmarks/SFT_THROUGHPUT.md, "One register layout")."""
     block_hidden = min(512, max(16, 1 << (hidden - 1).bit_length()))
-    steps = max(1, min(4, hidden // block_hidden))
+    steps = 1 if fast_math else max(1, min(4, hidden // block_hidden))
     return 2048 // block_hidden, block_hidden, 4, steps
 
 
@@ -180,7 +183,7 @@ def launch_add_noise(
     seq, batch, hidden = out.shape
     if seq * batch == 0 or hidden == 0:
         return None
-    block_rows, block_hidden, num_warps, steps = config or _default_config(hidden)
+    block_rows, block_hidden, num_warps, steps = config or _default_config(hidden, fast_math)
     grid = (math.ceil(seq / block_rows), batch, math.ceil(hidden / (block_hidden * steps)))
     gather = input_ids is not None
     in_memory = isinstance(iteration, torch.Tensor)
