@@ -28,6 +28,7 @@ __all__ = [
     "STEP_GRAPH_WARMUP_STEPS",
     "bf16_settings",
     "check_fixed_width_batches",
+    "check_graph_memory_pools",
     "default_kd",
     "default_noise",
     "finetuning_config",
@@ -256,6 +257,34 @@ def check_fixed_width_batches(config: Any) -> None:
             why=": the graph replays fixed-shape batches and SFT rows are otherwise as wide as the longest in their "
             "batch (set dataset.dataset_kwargs={pad_to_max_length:true}, or use recipes.common.use_step_graph)",
         )
+
+
+def check_graph_memory_pools(config: Any) -> None:
+    """Refuse a full-iteration graph that shares one memory pool with an evaluation's graph.
+
+    ``SettingError`` naming ``model.cuda_graph_use_single_mempool`` (Megatron's default is true): Bridge deletes the
+    training graph when ``train()`` returns, and a validation graph first captured after that (a resumed run's final
+    evaluation) is captured into the deleted graph's pool and aborts in PyTorch's caching allocator
+    (``use_count > 0``), after the whole run trained (benchmarks/SFT_THROUGHPUT.md). Without evaluation no second graph
+    is captured and one pool is fine.
+    """
+    is_full_iteration = import_bridge("megatron.bridge.utils.cuda_graph").is_full_iteration_cuda_graph
+    model = config.model
+    if not is_full_iteration(model) or getattr(model, "cuda_graph_use_single_mempool", False) is not True:
+        return
+    validation = getattr(config, "validation", None)
+    eval_iters = getattr(validation, "eval_iters", None) or getattr(config.train, "eval_iters", None)
+    if not eval_iters:
+        return
+    raise SettingError(
+        "model.cuda_graph_use_single_mempool",
+        True,
+        "false",
+        context=f" with model.cuda_graph_impl=full_iteration and {eval_iters} evaluation iterations",
+        why=": the validation graph of a resumed run's final evaluation would be captured into the pool of the "
+        "training graph Bridge deletes when train() returns (set model.cuda_graph_use_single_mempool=false, as "
+        "recipes.common.use_step_graph does)",
+    )
 
 
 def _is_finetuning_dataset(dataset: Any) -> bool:

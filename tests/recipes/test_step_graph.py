@@ -10,7 +10,12 @@ from __future__ import annotations
 import pytest
 
 from nemo_noise_plugin.jobs.launch.launcher import check_run_settings
-from nemo_noise_plugin.recipes.common import STEP_GRAPH_WARMUP_STEPS, check_fixed_width_batches, use_step_graph
+from nemo_noise_plugin.recipes.common import (
+    STEP_GRAPH_WARMUP_STEPS,
+    check_fixed_width_batches,
+    check_graph_memory_pools,
+    use_step_graph,
+)
 from nemo_noise_plugin.training.overrides import apply_overrides
 from nemo_noise_plugin.upstream.bridge_imports import import_bridge
 from nemo_noise_plugin.validation import SettingError
@@ -58,6 +63,24 @@ def test_a_full_iteration_graph_over_sft_rows_padded_per_batch_is_refused_before
     apply_overrides(sft_config, ["dataset.dataset_kwargs={pad_to_max_length:true}"])
     assert sft_config.dataset.dataset_kwargs == {"pad_to_max_length": True}
     check_fixed_width_batches(sft_config)
+
+
+def test_one_memory_pool_for_the_training_and_validation_graphs_is_refused_before_any_build(sft_config):
+    """Megatron's default (one pool) under a full-iteration graph with evaluation: the launcher names the setting and
+    why; without evaluation, and with the step graph's own pools, the same run passes."""
+    use_step_graph(sft_config)
+    assert sft_config.validation.eval_iters  # the SFT recipe evaluates
+    apply_overrides(sft_config, ["model.cuda_graph_use_single_mempool=true"])
+    with pytest.raises(SettingError) as refused:
+        check_run_settings(sft_config, dry=True)
+    message = str(refused.value)
+    assert message.startswith("model.cuda_graph_use_single_mempool=True is invalid with model.cuda_graph_impl=")
+    assert "evaluation iterations: expected false" in message and "train() returns" in message
+    check_fixed_width_batches(sft_config)  # the padding is not what is refused
+    apply_overrides(sft_config, ["validation.eval_iters=0"])
+    check_graph_memory_pools(sft_config)  # no evaluation: no second graph in the pool
+    apply_overrides(sft_config, ["validation.eval_iters=2", "model.cuda_graph_use_single_mempool=false"])
+    check_run_settings(sft_config, dry=True)
 
 
 def test_eager_runs_and_mock_data_need_no_padding(sft_config, tmp_path):

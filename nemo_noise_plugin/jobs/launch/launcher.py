@@ -181,7 +181,7 @@ def check_run_settings(
     """
 
     from nemo_noise_plugin.jobs.reports.artifacts import check_output_dir
-    from nemo_noise_plugin.recipes.common import check_fixed_width_batches
+    from nemo_noise_plugin.recipes.common import check_fixed_width_batches, check_graph_memory_pools
 
     if config.checkpoint.save and folders_here:
         check_output_dir(config.checkpoint.save, "checkpoint.save", create=not dry)
@@ -211,6 +211,7 @@ def check_run_settings(
             raise ValueError(f"model.{name}={size!r} is invalid: expected an integer >= 1.")
     _check_sizes(config)
     check_fixed_width_batches(config)
+    check_graph_memory_pools(config)
     noise = getattr(model, "noise", None)
     if noise is not None and _positive_int(getattr(model, "hidden_size", None)):  # what the model's build refuses
         from nemo_noise_plugin.noise.bounds import check_noise_fits
