@@ -29,3 +29,22 @@ def test_code_counts_reads_opcodes_and_skips_directives_labels_and_braces():
     counts = code_counts(SimpleNamespace(asm={"ptx": PTX}))
     assert counts["ptx"] == {"ld": 2, "mul": 1, "xor": 1, "st": 1, "lg2": 1, "sin": 1, "ret": 1}
     assert counts["ptx_total"] == 8
+
+
+def test_against_an_earlier_kernel_file_compares_fast_math_only_where_that_file_has_it(tmp_path):
+    from pathlib import Path
+
+    from benchmarks.noise_in_lookup import earlier_variants, load_kernel_file, variant_name
+
+    this = load_kernel_file(Path(__file__).resolve().parents[2] / "nemo_noise_plugin" / "noise" / "triton_kernel.py")
+    names = [variant_name(*variant) for variant in earlier_variants(this)]
+    assert names == ["uniform", "gaussian", "laplace", "gaussian_fast_math", "laplace_fast_math"]
+    older = tmp_path / "older_triton_kernel.py"  # e24a060's launcher took no fast_math
+    older.write_text(
+        "def launch_add_noise(x, out, *, input_ids=None, seed, iteration, distribution='uniform'):\n    pass\n"
+    )
+    assert [variant_name(*variant) for variant in earlier_variants(load_kernel_file(older))] == [
+        "uniform",
+        "gaussian",
+        "laplace",
+    ]
