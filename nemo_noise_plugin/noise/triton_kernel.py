@@ -11,12 +11,14 @@ works in float64): it agrees to about 1e-5 absolute. Laplace noise inverts the C
 ``sign(v) * -ln(1 - |v|)``, with ``1 - |v|`` exact in float32 and a float32 log (the reference's log is float64): a
 few 1e-6.
 
+The element-wise device functions (Philox, the transforms, the special functions) are ``noise/triton_math.py``'s.
+
 ``fast_math`` (``NoiseConfig.fast_math``) evaluates the same transforms of the same words with the hardware
-``lg2.approx`` for the logarithm and explicit multiply-adds: about a third fewer instructions for Gaussian and Laplace
-noise, whose kernel is otherwise bound by instruction issue, not memory (benchmarks/SFT_THROUGHPUT.md). Its values
-differ from the exact kernel's in the last bits (Gaussian by up to a few 1e-4 at unit scale, where the Box-Muller
-radius is near 0 and the hardware log's absolute error is a large part of ``ln u``; Laplace a few 1e-6): other noise
-bits, so a run resumes only with the setting it was saved with. Uniform noise is the same either way.
+``lg2.approx`` for the logarithm and explicit multiply-adds (Laplace noise in 0.6x the exact kernel's instructions),
+in one column step per program, which suits its use of the special-function unit (benchmarks/SFT_THROUGHPUT.md). Its
+values differ from the exact kernel's in the last bits (Gaussian by up to a few 1e-4 at unit scale, where the
+Box-Muller radius is near 0 and the hardware log's absolute error is a large part of ``ln u``; Laplace a few 1e-6):
+other noise bits, so a run resumes only with the setting it was saved with. Uniform noise is the same either way.
 
 Each program takes a block of token positions of one sample and walks along the hidden dimension in a few steps, so
 that a token's indices and its position, scale and id loads are made once per 2,048 elements, not once per step.
