@@ -57,7 +57,11 @@ if __name__ == "__main__":  # Bridge's checkpoint workers re-import this script
     config = tiny_noise_sft_config(f"{work}/{mode}", train_iters=steps, noise=noise)
     overrides = ["model.use_te_rng_tracker=true", "rerun_state_machine.check_for_nan_in_loss=false"]
     if mode == "graph":
-        overrides += ["model.cuda_graph_impl=full_iteration", "model.cuda_graph_warmup_steps=2"]
+        overrides += [
+            "model.cuda_graph_impl=full_iteration",
+            "model.cuda_graph_warmup_steps=2",
+            "model.cuda_graph_use_single_mempool=false",  # the recipe evaluates: the launcher refuses one pool
+        ]
     losses = Losses()
     launch(config, overrides, callbacks=[losses])
     with open(f"{work}/{mode}.json", "w") as out:

@@ -17,6 +17,7 @@ GRAPH = [
     "model.cuda_graph_impl=full_iteration",
     "model.use_te_rng_tracker=true",
     "rerun_state_machine.check_for_nan_in_loss=false",
+    "model.cuda_graph_use_single_mempool=false",  # the recipe evaluates: its graph needs its own pool
 ]
 
 
