@@ -7,7 +7,7 @@ gives it. Three rules learnt from the compiled code (sm_90 SASS, benchmarks/SFT_
 
 - ``tl.sqrt`` and ``tl.log`` in the Box-Muller chain made Triton compute the Philox words in another register layout
   than the output's and move every unit through shared memory (two barriers a step); the same instructions as inline
-  assembly (``sqrt``) or written out (``logf``) keep one layout.
+  assembly (``_instruction``) or written out (``logf``) keep one layout.
 - libdevice's ``logf`` checks for subnormal, zero, infinite and NaN inputs; the kernel's inputs (odd multiples of
   2**-24 in (0, 1)) are none of them, so ``logf`` here is its arithmetic alone, the same bits in that domain.
 - A sign taken from an odd integer ``k`` is one xor of sign bits (``flip_sign``), not a compare, negation and select.
@@ -21,34 +21,21 @@ import types
 
 @functools.cache
 def device_functions() -> types.SimpleNamespace:
-    """Build (once) the ``@triton.jit`` device functions, by name without the leading underscore."""
+    """Build (once) the ``@triton.jit`` device functions; returns those called from outside (by the kernel, and
+    ``logf`` by its GPU test), by name without the leading underscore."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _approx(angle, fn: tl.constexpr):
-        """The hardware ``sin``/``cos`` (``fn``) of float32 angles in [-pi, pi]."""
-        return tl.inline_asm_elementwise(
-            fn + ".approx.f32 $0, $1;", "=r,r", [angle], dtype=tl.float32, is_pure=True, pack=1
-        )
-
-    @triton.jit
-    def _lg2(x):
-        """The hardware ``log2`` of float32 ``x`` > 0 (``lg2.approx``: one special-function instruction, absolute
-        error ~2**-22, so its relative error grows as ``x`` nears 1). ``.ftz``: no subnormal-input handling, the
-        same value for the normal inputs it gets here (>= 2**-24)."""
-        return tl.inline_asm_elementwise(
-            "lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
-
-    @triton.jit
-    def _sqrt(x):
-        """``sqrt.approx.ftz``, the instruction ``tl.sqrt`` emits, as inline assembly: with ``tl.sqrt`` (and with
-        ``tl.log``) in the Box-Muller chain, Triton computed the Philox words in another register layout than the
-        output's and moved every unit through shared memory, two barriers a step (benchmarks/SFT_THROUGHPUT.md)."""
-        return tl.inline_asm_elementwise(
-            "sqrt.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
-        )
+    def _instruction(x, OPCODE: tl.constexpr):
+        """One PTX instruction ``OPCODE`` on float32 ``x``: the hardware ``sin.approx``/``cos.approx`` (accurate to
+        ~1e-6 absolute on [-pi, pi]), ``lg2.approx`` (absolute error ~2**-22, so its relative error grows as ``x``
+        nears 1) and ``sqrt.approx``, the instruction ``tl.sqrt`` emits. Inline assembly, because with ``tl.sqrt``
+        (and with ``tl.log``) in the Box-Muller chain Triton computed the Philox words in another register layout
+        than the output's and moved every unit through shared memory, two barriers a step
+        (benchmarks/SFT_THROUGHPUT.md). ``.ftz`` (no subnormal-input handling) gives the same values for the normal
+        inputs they get here (>= 2**-24)."""
+        return tl.inline_asm_elementwise(OPCODE + " $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1)
 
     @triton.jit
     def _logf(x):
@@ -80,11 +67,17 @@ def device_functions() -> types.SimpleNamespace:
         return (value.to(tl.uint32, bitcast=True) ^ sign).to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _laplace(k):
-        """Laplace(0, 1) of the symmetric uniform ``v = k * 2**-24`` (``k`` an odd integer held in float32) with
-        libdevice's float32 ``logf``: ``sign(v) * -ln(1 - |v|)``, ``1 - |v|`` one exact multiply-add, the sign
-        applied by ``_flip_sign`` (``ln(1 - |v|) < 0``, so the bits are those of the negate-and-select)."""
-        return _flip_sign(_logf(tl.fma(tl.abs(k), -5.960464477539063e-08, 1.0)), k, True)
+    def _laplace(k, FAST_MATH: tl.constexpr):
+        """Laplace(0, 1) of the symmetric uniform ``v = k * 2**-24`` (``k`` an odd integer held in float32), ``1 -
+        |v|`` one exact multiply-add, the sign applied by ``_flip_sign``: ``sign(v) * -ln(1 - |v|)`` with
+        libdevice's float32 ``logf`` (``ln(1 - |v|) < 0``, so the bits are those of a negate-and-select), or with
+        ``FAST_MATH`` ``sign(v) * log2(1 - |v|)`` from the hardware ``log2`` (the factor carries ``-ln 2``)."""
+        one_minus_magnitude = tl.fma(tl.abs(k), -5.960464477539063e-08, 1.0)
+        if FAST_MATH:
+            unit = _flip_sign(_instruction(one_minus_magnitude, "lg2.approx.ftz.f32"), k, False)
+        else:
+            unit = _flip_sign(_logf(one_minus_magnitude), k, True)
+        return unit
 
     @triton.jit
     def _mul_wide(a, multiplier: tl.constexpr):
@@ -127,12 +120,13 @@ def device_functions() -> types.SimpleNamespace:
         ua = tl.fma((wa >> 9).to(tl.float32), 1.1920928955078125e-07, 5.960464477539063e-08)
         if FAST_MATH:
             # max(, 0): the approximate log2 of a u just below 1 could come out a hair above 0.
-            radius = _sqrt(tl.maximum(_lg2(ua) * -1.3862943611198906, 0.0))  # -2 ln 2
+            log2_u = _instruction(ua, "lg2.approx.ftz.f32")
+            radius = _instruction(tl.maximum(log2_u * -1.3862943611198906, 0.0), "sqrt.approx.ftz.f32")  # -2 ln 2
             a = tl.fma((wb >> 9).to(tl.float32), 7.490140565847857e-07, -3.1415922790827646)
         else:
-            radius = _sqrt(-2.0 * _logf(ua))
+            radius = _instruction(-2.0 * _logf(ua), "sqrt.approx.ftz.f32")
             a = tl.fma((wb >> 9).to(tl.float32), 1.1920928955078125e-07, -0.4999999403953552) * 6.283185307179586
-        return radius * _approx(a, "cos"), radius * _approx(a, "sin")
+        return radius * _instruction(a, "cos.approx.f32"), radius * _instruction(a, "sin.approx.f32")
 
     @triton.jit
     def _noise_quad(w0, w1, w2, w3, GAUSSIAN: tl.constexpr, LAPLACE: tl.constexpr, FAST_MATH: tl.constexpr):
@@ -143,7 +137,7 @@ def device_functions() -> types.SimpleNamespace:
         ``(k * 2**-24) * scale``). Laplace: ``sign(v) * -ln(1 - |v|)`` of that uniform, or with ``FAST_MATH``
         ``sign(k) * log2(1 - |v|)`` (the ``-ln 2`` in the factor). Gaussian: the pairs ``(w0, w1)`` and ``(w2,
         w3)`` computed side by side as ``[R, Q, 2]`` tensors, one join at the end: with a join per pair Triton moved
-        the units through shared memory (see ``_sqrt``)."""
+        the units through shared memory (see ``_instruction``)."""
         if GAUSSIAN:
             cosines, sines = _gaussian_pair(tl.join(w0, w2), tl.join(w1, w3), FAST_MATH)
             unit = tl.join(cosines, sines)
@@ -153,13 +147,8 @@ def device_functions() -> types.SimpleNamespace:
             n2 = tl.fma((w2 >> 8).to(tl.float32), 2.0, -16777215.0)
             n3 = tl.fma((w3 >> 8).to(tl.float32), 2.0, -16777215.0)
             if LAPLACE:
-                if FAST_MATH:
-                    n0 = _flip_sign(_lg2(tl.fma(tl.abs(n0), -5.960464477539063e-08, 1.0)), n0, False)
-                    n1 = _flip_sign(_lg2(tl.fma(tl.abs(n1), -5.960464477539063e-08, 1.0)), n1, False)
-                    n2 = _flip_sign(_lg2(tl.fma(tl.abs(n2), -5.960464477539063e-08, 1.0)), n2, False)
-                    n3 = _flip_sign(_lg2(tl.fma(tl.abs(n3), -5.960464477539063e-08, 1.0)), n3, False)
-                else:
-                    n0, n1, n2, n3 = _laplace(n0), _laplace(n1), _laplace(n2), _laplace(n3)
+                n0, n1 = _laplace(n0, FAST_MATH), _laplace(n1, FAST_MATH)
+                n2, n3 = _laplace(n2, FAST_MATH), _laplace(n3, FAST_MATH)
             unit = tl.join(tl.join(n0, n2), tl.join(n1, n3))
         return unit
 
@@ -178,15 +167,4 @@ def device_functions() -> types.SimpleNamespace:
             factor = noise_scale * 5.960464477539063e-08
         return factor
 
-    return types.SimpleNamespace(
-        approx=_approx,
-        lg2=_lg2,
-        sqrt=_sqrt,
-        logf=_logf,
-        flip_sign=_flip_sign,
-        laplace=_laplace,
-        philox=_philox,
-        gaussian_pair=_gaussian_pair,
-        noise_quad=_noise_quad,
-        scale_factor=_scale_factor,
-    )
+    return types.SimpleNamespace(logf=_logf, philox=_philox, noise_quad=_noise_quad, scale_factor=_scale_factor)
