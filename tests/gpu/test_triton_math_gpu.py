@@ -7,6 +7,8 @@ odd multiple of 2**-24 in (0, 1) (``u`` of Box-Muller and ``1 - |v|`` of Laplace
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -20,6 +22,7 @@ pytestmark = [
 BLOCK = 1024
 
 
+@functools.cache
 def _logf_pair_kernel():
     """A kernel writing ``(logf(x), tl.log(x))`` as int32 bits for float32 inputs ``x``."""
     import triton
